@@ -1,0 +1,55 @@
+"""The serving contract: names every stage agrees on, in one place.
+
+Pure Python with no TensorFlow import, so the client can use it too. The export
+stage writes SavedModels with exactly these names; the server and the client read
+them. Never rely on auto-generated tensor names such as ``input_1``.
+"""
+
+#: Default model name, as in ``models/NAME/N/`` and TF Serving's ``MODEL_NAME``.
+DEFAULT_MODEL_NAME = "cifar10"
+
+#: Images enter every model as raw RGB pixels, 0-255, of this size.
+IMAGE_SIZE = 32
+CHANNELS = 3
+
+#: How images of any other size are brought to 32x32: Pillow's BILINEAR on the
+#: server and in the training loaders, ``tf.image.resize(method="bilinear",
+#: antialias=True)`` inside the ``predict_images`` signature. Both filter when
+#: they shrink, so they agree closely; on 32x32 inputs neither resizes at all and
+#: predictions are identical.
+RESIZE_METHOD = "bilinear"
+
+#: Signature taking a uint8 batch ``[None, 32, 32, 3]`` of raw RGB pixels.
+SIGNATURE_PIXELS = "serving_default"
+#: Signature taking a string batch ``[None]`` of encoded images (PNG, JPEG, GIF, BMP).
+SIGNATURE_BYTES = "predict_images"
+
+INPUT_PIXELS = "images"
+INPUT_BYTES = "image_bytes"
+
+OUTPUT_PROBABILITIES = "probabilities"  # float32 [None, C]
+OUTPUT_CLASS_IDS = "class_ids"  # int64 [None]
+OUTPUT_CLASS_NAMES = "class_names"  # string [None]
+OUTPUTS = (OUTPUT_PROBABILITIES, OUTPUT_CLASS_IDS, OUTPUT_CLASS_NAMES)
+
+#: Files the training stage hands to the export stage.
+WEIGHTS_FILE = "model.weights.h5"
+MANIFEST_FILE = "manifest.json"
+
+#: Inside a SavedModel version directory: a copy of the manifest, and TF Serving's
+#: warmup records.
+ASSETS_EXTRA = "assets.extra"
+WARMUP_FILE = "tf_serving_warmup_requests"
+
+CIFAR10_CLASSES = (
+    "airplane",
+    "automobile",
+    "bird",
+    "cat",
+    "deer",
+    "dog",
+    "frog",
+    "horse",
+    "ship",
+    "truck",
+)

@@ -1,0 +1,38 @@
+import os
+
+# Quiet TensorFlow, and give this process 8 logical CPU devices before TensorFlow starts,
+# so MirroredStrategy can exercise the code path of an 8-core TPU (per-replica batches,
+# a global batch 8x, a distributed dataset).
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+import pytest  # noqa: E402  (the environment must be set before TensorFlow is imported)
+
+import synthetic  # noqa: E402
+
+LOGICAL_CPUS = 8
+
+
+def pytest_configure(config):
+    import tensorflow as tf
+
+    cpu = tf.config.list_physical_devices("CPU")[0]
+    tf.config.set_logical_device_configuration(cpu, [tf.config.LogicalDeviceConfiguration()] * LOGICAL_CPUS)
+
+
+@pytest.fixture(scope="session")
+def splits():
+    """A small three-class data set that a model learns in a few epochs."""
+    return synthetic.make_splits()
+
+
+@pytest.fixture(scope="session")
+def trained_run(tmp_path_factory, splits):
+    """A finished seed_cnn training run on synthetic data: DIR with weights, manifest and eval."""
+    from train import trainer
+
+    output = tmp_path_factory.mktemp("run")
+    trainer.run(
+        trainer.Config(output=str(output), epochs=3, batch_size=32, precision="float32", tpu="none", verbose=0),
+        splits=splits,
+    )
+    return output

@@ -1,0 +1,1 @@
+"""Training stage: a registered Keras model on TPU, GPUs, several workers or the CPU."""

@@ -1,0 +1,5 @@
+import sys
+
+from train.trainer import main
+
+sys.exit(main())

@@ -1,0 +1,264 @@
+"""Training data: loaders for every supported source, and the tf.data pipelines.
+
+Sources (``--data``):
+
+* ``cifar10``: Keras's CIFAR-10 loader (downloads once, then reads its cache).
+* a directory or ``.zip`` holding ``train/<class>/*`` and ``test/<class>/*``
+  images of any size and mode; class names are the sorted folder names.
+* the official ``cifar-10-binary.tar.gz`` (parsed as raw bytes, never unpickled).
+
+Every loader returns a :class:`Splits` of uint8 ``[N, 32, 32, 3]`` RGB arrays and
+int64 labels. Anything wrong with the data raises :class:`DataError` with one
+line a user can act on.
+"""
+
+import dataclasses
+import io
+import os
+import tarfile
+import zipfile
+
+import numpy as np
+from PIL import Image
+
+from contract import CHANNELS, CIFAR10_CLASSES, IMAGE_SIZE
+
+IMAGE_EXTENSIONS = (".png", ".jpg", ".jpeg", ".bmp", ".gif", ".webp", ".ppm", ".tif", ".tiff")
+SPLITS = ("train", "test")
+_RECORD_BYTES = 1 + IMAGE_SIZE * IMAGE_SIZE * CHANNELS  # CIFAR-10 binary: label byte + CHW pixels
+
+
+class DataError(ValueError):
+    """The data cannot be used; the message says why in one line."""
+
+
+@dataclasses.dataclass
+class Splits:
+    x_train: np.ndarray
+    y_train: np.ndarray
+    x_test: np.ndarray
+    y_test: np.ndarray
+    class_names: list
+    source: str
+
+    @property
+    def num_classes(self):
+        return len(self.class_names)
+
+
+def load(source):
+    """Load ``source`` (``"cifar10"``, a folder, a ``.zip`` or a binary tarball)."""
+    if source == "cifar10":
+        return _load_keras_cifar10()
+    if not os.path.exists(source):
+        raise DataError(f"data path {source!r} does not exist")
+    if os.path.isdir(source):
+        return _check(_load_tree(_DirTree(source)), source)
+    if zipfile.is_zipfile(source):
+        with zipfile.ZipFile(source) as archive:
+            return _check(_load_tree(_ZipTree(archive)), source)
+    if tarfile.is_tarfile(source):
+        return _check(_load_cifar_binary(source), source)
+    raise DataError(f"{source!r} is neither a folder, a .zip, nor a CIFAR-10 binary tarball")
+
+
+def to_rgb32(image):
+    """Any Pillow image to a uint8 32x32x3 array, the way the server does it."""
+    if image.mode != "RGB":
+        image = image.convert("RGBA").convert("RGB") if "transparency" in image.info else image.convert("RGB")
+    if image.size != (IMAGE_SIZE, IMAGE_SIZE):
+        image = image.resize((IMAGE_SIZE, IMAGE_SIZE), Image.Resampling.BILINEAR)
+    return np.asarray(image, dtype=np.uint8)
+
+
+def _load_keras_cifar10():
+    import keras
+
+    (x_train, y_train), (x_test, y_test) = keras.datasets.cifar10.load_data()
+    return Splits(
+        x_train, y_train.reshape(-1).astype(np.int64), x_test, y_test.reshape(-1).astype(np.int64),
+        list(CIFAR10_CLASSES), "cifar10",
+    )
+
+
+class _DirTree:
+    def __init__(self, root):
+        self.root = root
+
+    def classes(self, split):
+        path = os.path.join(self.root, split)
+        if not os.path.isdir(path):
+            return None
+        return sorted(d for d in os.listdir(path) if os.path.isdir(os.path.join(path, d)))
+
+    def files(self, split, cls):
+        path = os.path.join(self.root, split, cls)
+        return sorted(os.path.join(path, f) for f in os.listdir(path) if f.lower().endswith(IMAGE_EXTENSIONS))
+
+    def read(self, name):
+        with open(name, "rb") as f:
+            return f.read()
+
+
+class _ZipTree:
+    def __init__(self, archive):
+        self.archive = archive
+        names = [n for n in archive.namelist() if not n.endswith("/")]
+        # Accept both "train/cls/x.jpg" and a single wrapping folder "cifar/train/cls/x.jpg".
+        prefixes = {n.split("/")[0] for n in names}
+        self.prefix = ""
+        if not prefixes & set(SPLITS) and len(prefixes) == 1:
+            self.prefix = prefixes.pop() + "/"
+        self.index = {}
+        for n in names:
+            parts = n[len(self.prefix):].split("/")
+            if len(parts) == 3 and parts[0] in SPLITS and not parts[2].startswith("."):
+                self.index.setdefault(parts[0], {}).setdefault(parts[1], []).append(n)
+        # A class folder may exist with no files in it; keep it so it is reported as empty.
+        for n in archive.namelist():
+            parts = n[len(self.prefix):].rstrip("/").split("/")
+            if n.endswith("/") and len(parts) == 2 and parts[0] in SPLITS:
+                self.index.setdefault(parts[0], {}).setdefault(parts[1], [])
+
+    def classes(self, split):
+        if split not in self.index:
+            return None
+        return sorted(self.index[split])
+
+    def files(self, split, cls):
+        return sorted(n for n in self.index[split][cls] if n.lower().endswith(IMAGE_EXTENSIONS))
+
+    def read(self, name):
+        return self.archive.read(name)
+
+
+def _load_tree(tree):
+    classes = {}
+    for split in SPLITS:
+        found = tree.classes(split)
+        if found is None:
+            raise DataError(f"no {split}/ folder (expected {split}/<class>/<images>)")
+        classes[split] = found
+    if classes["train"] != classes["test"]:
+        only_train = sorted(set(classes["train"]) - set(classes["test"]))
+        only_test = sorted(set(classes["test"]) - set(classes["train"]))
+        raise DataError(
+            f"train and test classes differ (only in train: {only_train or 'none'}; only in test: {only_test or 'none'})"
+        )
+    class_names = classes["train"]
+    if len(class_names) < 2:
+        raise DataError(f"need at least 2 classes, found {len(class_names)}: {class_names}")
+    arrays = {}
+    for split in SPLITS:
+        images, labels = [], []
+        for label, cls in enumerate(class_names):
+            files = tree.files(split, cls)
+            if not files:
+                raise DataError(f"class folder {split}/{cls} has no images")
+            for name in files:
+                try:
+                    with Image.open(io.BytesIO(tree.read(name))) as image:
+                        images.append(to_rgb32(image))
+                except (OSError, ValueError, Image.DecompressionBombError) as exc:
+                    raise DataError(f"cannot decode image {name}: {exc}") from None
+                labels.append(label)
+        arrays[split] = (np.stack(images), np.asarray(labels, dtype=np.int64))
+    return Splits(*arrays["train"], *arrays["test"], class_names, "")
+
+
+def _load_cifar_binary(path):
+    splits = {"train": [], "test": []}
+    class_names = list(CIFAR10_CLASSES)
+    try:
+        with tarfile.open(path) as archive:
+            for member in archive:
+                base = os.path.basename(member.name)
+                if not member.isfile():
+                    continue
+                if base.startswith("data_batch_") and base.endswith(".bin"):
+                    splits["train"].append((base, archive.extractfile(member).read()))
+                elif base == "test_batch.bin":
+                    splits["test"].append((base, archive.extractfile(member).read()))
+                elif base == "batches.meta.txt":
+                    names = archive.extractfile(member).read().decode("utf-8").split()
+                    if names:
+                        class_names = names
+    except (tarfile.TarError, OSError, EOFError) as exc:
+        raise DataError(f"cannot read tarball {path}: {exc}") from None
+    arrays = {}
+    for split, blobs in splits.items():
+        if not blobs:
+            raise DataError(f"{path} holds no {'data_batch_*.bin' if split == 'train' else 'test_batch.bin'}")
+        raw = b"".join(blob for _, blob in sorted(blobs))
+        if len(raw) % _RECORD_BYTES:
+            raise DataError(f"{path}: {split} batches are not whole {_RECORD_BYTES}-byte CIFAR-10 records")
+        records = np.frombuffer(raw, dtype=np.uint8).reshape(-1, _RECORD_BYTES)
+        labels = records[:, 0].astype(np.int64)
+        images = records[:, 1:].reshape(-1, CHANNELS, IMAGE_SIZE, IMAGE_SIZE).transpose(0, 2, 3, 1)
+        arrays[split] = (np.ascontiguousarray(images), labels)
+    splits_ = Splits(*arrays["train"], *arrays["test"], class_names, "")
+    if max(splits_.y_train.max(), splits_.y_test.max()) >= len(class_names):
+        raise DataError(f"{path}: labels exceed the {len(class_names)} class names")
+    return splits_
+
+
+def _check(splits, source):
+    splits.source = os.path.abspath(source)
+    if len(splits.x_train) == 0 or len(splits.x_test) == 0:
+        raise DataError(f"{source}: empty train or test split")
+    return splits
+
+
+# --- tf.data pipelines ----------------------------------------------------------------
+
+
+def augment(images, pad=4):
+    """Random crop after ``pad``-pixel reflection padding, and a random horizontal flip.
+
+    Works on a batch of uint8 images with a static shape; every op runs on a TPU.
+    """
+    import tensorflow as tf
+
+    batch = tf.shape(images)[0]
+    padded = tf.pad(images, [[0, 0], [pad, pad], [pad, pad], [0, 0]], mode="REFLECT")
+    # One random offset per image, applied with a gather so the batch keeps its static shape.
+    dx = tf.random.uniform([batch], 0, 2 * pad + 1, dtype=tf.int32)
+    dy = tf.random.uniform([batch], 0, 2 * pad + 1, dtype=tf.int32)
+    rows = dy[:, None] + tf.range(IMAGE_SIZE)[None, :]
+    cols = dx[:, None] + tf.range(IMAGE_SIZE)[None, :]
+    cropped = tf.gather(padded, rows, axis=1, batch_dims=1)
+    cropped = tf.gather(cropped, cols, axis=2, batch_dims=1)
+    flip = tf.random.uniform([batch, 1, 1, 1]) < 0.5
+    return tf.where(flip, tf.reverse(cropped, axis=[2]), cropped)
+
+
+def train_dataset(x, y, global_batch, augmentation=True, seed=None):
+    """Shuffled, augmented, static-shape batches (``drop_remainder=True``), repeated per epoch."""
+    import tensorflow as tf
+
+    ds = tf.data.Dataset.from_tensor_slices((x, y)).cache()
+    ds = ds.shuffle(len(x), seed=seed, reshuffle_each_iteration=True)
+    ds = ds.batch(global_batch, drop_remainder=True)
+    if augmentation:
+        ds = ds.map(lambda images, labels: (augment(images), labels), num_parallel_calls=tf.data.AUTOTUNE)
+    ds = ds.map(lambda images, labels: (tf.cast(images, tf.float32), labels))
+    return ds.prefetch(tf.data.AUTOTUNE)
+
+
+def eval_dataset(x, y, global_batch):
+    """Every test image exactly once, in static-shape batches.
+
+    The last batch is padded with copies of image 0 carrying sample weight 0, so
+    accuracy counts each real image once and the TPU still sees fixed shapes.
+    """
+    import tensorflow as tf
+
+    n = len(x)
+    padding = (-n) % global_batch
+    weights = np.concatenate([np.ones(n, np.float32), np.zeros(padding, np.float32)])
+    if padding:
+        x = np.concatenate([x, np.repeat(x[:1], padding, axis=0)])
+        y = np.concatenate([y, np.repeat(y[:1], padding, axis=0)])
+    ds = tf.data.Dataset.from_tensor_slices((x, y, weights)).cache()
+    ds = ds.batch(global_batch, drop_remainder=True)
+    return ds.map(lambda images, labels, w: (tf.cast(images, tf.float32), labels, w)).prefetch(tf.data.AUTOTUNE)
