@@ -36,3 +36,13 @@ def trained_run(tmp_path_factory, splits):
         splits=splits,
     )
     return output
+
+
+@pytest.fixture(scope="session")
+def model_base(tmp_path_factory, trained_run):
+    """``models/cifar10``, holding version 1 exported from ``trained_run`` (what TF Serving's --model_base_path names)."""
+    from export import exporter
+
+    models = tmp_path_factory.mktemp("models")
+    exporter.run(run_dir=str(trained_run), model_dir=str(models), name="cifar10", verbose=0)
+    return models / "cifar10"
