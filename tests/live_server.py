@@ -1,0 +1,62 @@
+"""A real gunicorn server on a free loopback port, started the way users start it.
+
+Import the fixture into a test module with ``from live_server import live_server  # noqa: F401``.
+"""
+
+import os
+import socket
+import subprocess
+import sys
+import time
+
+import pytest
+import requests
+
+STARTUP_TIMEOUT_S = 120
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def start_server(model_dir, extra_env=None, args=()):
+    """Start ``python -m serve`` on a free port; return (process, base_url) once /readyz answers 200."""
+    port = free_port()
+    env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2", **(extra_env or {})}
+    process = subprocess.Popen(
+        [sys.executable, "-m", "serve", "--model-dir", str(model_dir), "--host", "127.0.0.1", "--port", str(port), *args],
+        env=env,
+        cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+    )
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + STARTUP_TIMEOUT_S
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            raise RuntimeError(f"server exited with code {process.returncode} before it was ready")
+        try:
+            if requests.get(f"{url}/readyz", timeout=2).status_code == 200:
+                return process, url
+        except requests.ConnectionError:
+            pass
+        time.sleep(0.5)
+    process.kill()
+    raise RuntimeError(f"server not ready within {STARTUP_TIMEOUT_S} s")
+
+
+def stop_server(process):
+    process.terminate()
+    try:
+        process.wait(timeout=30)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.wait()
+
+
+@pytest.fixture(scope="session")
+def live_server(model_base):
+    """Base URL of a gunicorn server (in-process backend) serving ``model_base``."""
+    process, url = start_server(model_base)
+    yield url
+    stop_server(process)
