@@ -286,6 +286,7 @@ def _save_weights_atomically(model, path):
     os.close(fd)
     try:
         model.save_weights(tmp, overwrite=True)
+        os.chmod(tmp, 0o644)  # mkstemp makes files private; a run directory is shared
         os.replace(tmp, path)
     finally:
         if os.path.exists(tmp):
@@ -297,6 +298,7 @@ def _write_json_atomically(path, obj):
     with os.fdopen(fd, "w") as f:
         json.dump(obj, f, indent=2)
         f.write("\n")
+    os.chmod(tmp, 0o644)
     os.replace(tmp, path)
 
 
