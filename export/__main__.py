@@ -1,0 +1,5 @@
+import sys
+
+from export.exporter import main
+
+sys.exit(main())
