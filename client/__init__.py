@@ -1,0 +1,1 @@
+"""The command-line client: classifies images over HTTP or gRPC, never importing TensorFlow."""

@@ -1,0 +1,290 @@
+"""Classify images from a terminal, through this project's server or straight at TF Serving.
+
+Typical usage::
+
+    client predict photo.png holiday/ 'scans/*.jpg' --top-k 5
+    client predict images/ --json --batch-size 64 > predictions.jsonl
+    client health
+    client info --url http://models.internal:8000
+    client predict cat.png --via tfserving-grpc --url localhost:8500 --model cifar10
+
+The client sends each file's bytes as they are; the server decodes and resizes them. Exit
+codes: 0 all classified, 1 some files failed, 2 usage errors, 3 server unreachable or not ready.
+"""
+
+import argparse
+import glob
+import json
+import os
+import shutil
+import sys
+
+import contract
+from client import transports
+
+DEFAULT_URL = "http://localhost:8000"
+#: TF Serving's own default ports, used when --via names it and no --url is given.
+DEFAULT_URLS = {"api": DEFAULT_URL, "tfserving-rest": "http://localhost:8501", "tfserving-grpc": "localhost:8500"}
+URL_ENV = "CLIENT_URL"
+DEFAULT_TIMEOUT_S = 30.0
+DEFAULT_TOP_K = 3
+DEFAULT_BATCH_SIZE = 16
+IMAGE_EXTENSIONS = (".png", ".jpg", ".jpeg", ".gif", ".bmp")
+
+EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_UNREACHABLE = 0, 1, 2, 3
+
+
+class UsageError(Exception):
+    """A problem with what the user asked for: exit code 2."""
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message):
+        # One line per problem, as for every other error; `client COMMAND --help` has the usage.
+        self.exit(EXIT_USAGE, f"client: {self.prog}: {message}\n")
+
+
+def build_parser():
+    parser = _Parser(prog="client", description="Classify images with the served model.")
+    common = _Parser(add_help=False)
+    common.add_argument(
+        "--url",
+        default=os.environ.get(URL_ENV),
+        help=f"server address (default ${URL_ENV}, else {DEFAULT_URL} for the API, "
+        "localhost:8501 for TF Serving REST, localhost:8500 for TF Serving gRPC)",
+    )
+    common.add_argument("--timeout", type=_positive_float, default=DEFAULT_TIMEOUT_S, help="seconds to wait for each request")
+    common.add_argument(
+        "--via",
+        choices=sorted(DEFAULT_URLS),
+        default="api",
+        help="talk to this project's server (api, default) or straight to TF Serving over REST or gRPC",
+    )
+    common.add_argument(
+        "--model", default=contract.DEFAULT_MODEL_NAME, help="model name, for the TF Serving modes (default %(default)s)"
+    )
+    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    predict = commands.add_parser("predict", parents=[common], help="classify image files, directories or globs")
+    predict.add_argument("paths", nargs="+", metavar="FILE|DIR|GLOB", help="images; directories are searched for image files")
+    predict.add_argument("--top-k", type=_positive_int, default=DEFAULT_TOP_K, help="how many best classes to show (default %(default)s)")
+    predict.add_argument("--batch-size", type=_positive_int, default=DEFAULT_BATCH_SIZE, help="images per request (default %(default)s)")
+    predict.add_argument("--json", action="store_true", help="print one JSON object per image instead of a table")
+    predict.add_argument(
+        "--progress",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="show a progress bar on stderr (default: when stderr is a terminal and the files fill more than a screen)",
+    )
+    commands.add_parser("health", parents=[common], help="say whether the model is ready")
+    info = commands.add_parser("info", parents=[common], help="show the model's name, version, classes and signatures")
+    info.add_argument("--json", action="store_true", help="print the answer as JSON")
+    return parser
+
+
+def _positive_int(text):
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {text}")
+    return value
+
+
+def _positive_float(text):
+    value = float(text)
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"must be positive, got {text}")
+    return value
+
+
+def make_transport(via, url, model, timeout):
+    url = url or DEFAULT_URLS[via]
+    if via == "api":
+        return transports.ApiTransport(url, timeout)
+    if via == "tfserving-rest":
+        return transports.TFServingRestTransport(url, model, timeout)
+    target = url.split("://", 1)[-1].rstrip("/")  # gRPC wants host:port
+    return transports.TFServingGrpcTransport(target, model, timeout)
+
+
+def find_images(paths):
+    """The files named, the image files under directories, and the matches of globs, in order, once each."""
+    found, seen = [], set()
+
+    def add(path):
+        key = os.path.abspath(path)
+        if key not in seen:
+            seen.add(key)
+            found.append(path)
+
+    def walk(directory):
+        images = []
+        for root, dirs, files in os.walk(directory):
+            dirs.sort()
+            images += [os.path.join(root, f) for f in sorted(files) if f.lower().endswith(IMAGE_EXTENSIONS)]
+        if not images:
+            raise UsageError(f"{directory}: no image files found ({', '.join(IMAGE_EXTENSIONS)})")
+        return images
+
+    for path in paths:
+        if os.path.isdir(path):
+            for image in walk(path):
+                add(image)
+        elif os.path.isfile(path):
+            add(path)
+        elif glob.has_magic(path):
+            matches = sorted(glob.glob(path, recursive=True))
+            files = [m for m in matches if os.path.isfile(m)]
+            for directory in (m for m in matches if os.path.isdir(m)):
+                files += walk(directory)
+            if not files:
+                raise UsageError(f"{path}: no files match")
+            for f in files:
+                add(f)
+        else:
+            raise UsageError(f"{path}: no such file or directory")
+    return found
+
+
+class Progress:
+    """A one-line bar on stderr, redrawn in place."""
+
+    def __init__(self, total, enabled):
+        self.total, self.done, self.enabled = total, 0, enabled
+
+    def advance(self, n):
+        self.done += n
+        if self.enabled:
+            width = 30
+            filled = width * self.done // max(self.total, 1)
+            sys.stderr.write(f"\r[{'#' * filled}{'.' * (width - filled)}] {self.done}/{self.total}")
+            if self.done >= self.total:
+                sys.stderr.write("\n")
+            sys.stderr.flush()
+
+
+def classify(transport, files, batch_size, top_k, progress):
+    """Yield (file, result) for every file, in order; a result holds ``error`` if that file failed."""
+    for start in range(0, len(files), batch_size):
+        names = files[start : start + batch_size]
+        batch = []
+        for name in names:
+            with open(name, "rb") as f:
+                batch.append((os.path.basename(name), f.read()))
+        try:
+            results = transport.predict(batch, top_k)
+        except transports.RequestFailed as error:
+            if len(batch) == 1:
+                results = [{"error": str(error), "status": error.status}]
+            else:
+                # TF Serving refuses a whole batch for one bad image: ask again one by one to name it.
+                results = []
+                for item in batch:
+                    try:
+                        results += transport.predict([item], top_k)
+                    except transports.RequestFailed as single:
+                        results.append({"error": str(single), "status": single.status})
+        progress.advance(len(names))
+        yield from zip(names, results)
+
+
+def _format_top_k(entries):
+    return ", ".join(f"{_label(e)} {e['probability']:.3f}" for e in entries)
+
+
+def _label(entry):
+    label = entry.get("label")
+    return label if label is not None else f"#{entry.get('class_id')}"
+
+
+def run_predict(args, transport):
+    files = find_images(args.paths)
+    screen = shutil.get_terminal_size().lines
+    show = args.progress if args.progress is not None else (sys.stderr.isatty() and len(files) > screen)
+    progress = Progress(len(files), show)
+    failures = 0
+    rows = []
+    for name, result in classify(transport, files, args.batch_size, args.top_k, progress):
+        if "error" in result:
+            failures += 1
+            status = f" (HTTP {result['status']})" if isinstance(result.get("status"), int) else (f" ({result['status']})" if result.get("status") else "")
+            print(f"client: {name}: {result['error']}{status}", file=sys.stderr)
+            if args.json:
+                print(json.dumps({"file": name, "error": result["error"], "status": result.get("status")}), flush=True)
+            continue
+        if args.json:
+            print(json.dumps({"file": name, **result}), flush=True)
+        else:
+            rows.append((name, _label(result), f"{result['probability']:.3f}", _format_top_k(result.get("top_k", []))))
+    if not args.json and rows:
+        header = ("FILE", "LABEL", "PROBABILITY", f"TOP-{args.top_k}")
+        widths = [max(len(r[i]) for r in [header, *rows]) for i in range(3)]
+        for row in [header, *rows]:
+            print("  ".join(cell.ljust(w) for cell, w in zip(row, widths)) + "  " + row[3])
+    if failures:
+        print(f"client: {failures} of {len(files)} files failed", file=sys.stderr)
+        return EXIT_FAILED
+    return EXIT_OK
+
+
+def run_health(args, transport):
+    health = transport.health()
+    print(f"ready: {json.dumps(health, sort_keys=True)}")
+    return EXIT_OK
+
+
+def run_info(args, transport):
+    info = transport.info()
+    if args.json:
+        print(json.dumps(info, indent=2, sort_keys=True))
+        return EXIT_OK
+    print(f"model:        {info.get('name')}")
+    print(f"version:      {info.get('version')}")
+    if info.get("architecture"):
+        print(f"architecture: {info['architecture']}")
+    classes = info.get("class_names")
+    print(f"classes:      {', '.join(classes) if classes else '(not reported by TF Serving)'}")
+    print("signatures:")
+    for name, signature in sorted((info.get("signatures") or {}).items()):
+        if isinstance(signature, dict) and ("inputs" in signature or "outputs" in signature):
+            ins = ", ".join(_names(signature.get("inputs")))
+            outs = ", ".join(_names(signature.get("outputs")))
+            print(f"  {name}: ({ins}) -> ({outs})")
+        else:
+            print(f"  {name}: {json.dumps(signature, sort_keys=True)}")
+    if info.get("backend"):
+        backend = info["backend"]
+        print(f"backend:      {backend if isinstance(backend, str) else json.dumps(backend, sort_keys=True)}")
+    return EXIT_OK
+
+
+def _names(value):
+    return sorted(value) if isinstance(value, (dict, list)) else [str(value)]
+
+
+COMMANDS = {"predict": run_predict, "health": run_health, "info": run_info}
+
+
+def main(argv=None):
+    """Parse ``argv``, run the command, and return the exit code (0, 1, 2 or 3)."""
+    parser = build_parser()
+    try:
+        args = parser.parse_args(argv)
+    except SystemExit as exit:  # argparse has printed its one-line usage error
+        return exit.code if isinstance(exit.code, int) else EXIT_USAGE
+    try:
+        transport = make_transport(args.via, args.url, args.model, args.timeout)
+        return COMMANDS[args.command](args, transport)
+    except UsageError as error:
+        print(f"client: {error}", file=sys.stderr)
+        return EXIT_USAGE
+    except transports.Unreachable as error:
+        print(f"client: {error}", file=sys.stderr)
+        return EXIT_UNREACHABLE
+    except transports.RequestFailed as error:
+        print(f"client: {error}", file=sys.stderr)
+        return EXIT_FAILED
+    except OSError as error:
+        print(f"client: {error.filename or ''}: {error.strerror or error}", file=sys.stderr)
+        return EXIT_USAGE
+    except KeyboardInterrupt:
+        return 130

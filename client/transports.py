@@ -1,0 +1,259 @@
+"""Three ways to reach a model: this project's HTTP API, TF Serving's REST API, TF Serving's gRPC API.
+
+Each transport has the same three calls: ``predict(batch, top_k)`` with ``batch`` a list of
+``(filename, bytes)`` returns one result dict per image, in order (``label``, ``class_id``,
+``probability``, ``top_k``; or ``error`` and ``status``), ``health()`` returns a dict describing a
+ready model, and ``info()`` the model's name, version, classes and signatures. They raise
+:class:`Unreachable` when there is no ready server to talk to, and :class:`RequestFailed` when the
+server refused a whole request. None of them imports TensorFlow.
+"""
+
+import base64
+
+import contract
+
+#: TF Serving reports the top class's name; the others are known only by id.
+UNKNOWN_LABEL = None
+
+
+class Unreachable(Exception):
+    """No server answers at the address, or it answers that it is not ready."""
+
+
+class RequestFailed(Exception):
+    """The server refused a request as a whole; ``status`` is its HTTP status (or gRPC code name)."""
+
+    def __init__(self, message, status=None):
+        super().__init__(message)
+        self.status = status
+
+
+def top_k_from_probabilities(probabilities, k, names):
+    """[{label, class_id, probability}] for the ``k`` most probable classes, best first."""
+    order = sorted(range(len(probabilities)), key=lambda i: -probabilities[i])[:k]
+    return [{"label": names.get(i, UNKNOWN_LABEL), "class_id": i, "probability": float(probabilities[i])} for i in order]
+
+
+class ApiTransport:
+    """This project's server: ``POST /api/v1/predict``, ``GET /readyz``, ``GET /api/v1/model``."""
+
+    def __init__(self, url, timeout):
+        import requests
+
+        self._requests = requests
+        self.url = url.rstrip("/")
+        self.timeout = timeout
+        self.session = requests.Session()
+
+    def _call(self, method, path, **kwargs):
+        try:
+            response = self.session.request(method, self.url + path, timeout=self.timeout, **kwargs)
+        except self._requests.RequestException as error:
+            raise Unreachable(f"cannot reach {self.url}: {type(error).__name__}") from error
+        body = _json_or_none(response)
+        if response.status_code == 503:
+            raise Unreachable(f"{self.url} is not ready: {_reason(body, response)}")
+        return response, body
+
+    def predict(self, batch, top_k):
+        files = [("file", (name, data, "application/octet-stream")) for name, data in batch]
+        response, body = self._call("POST", "/api/v1/predict", files=files, data={"top_k": str(top_k)})
+        predictions = (body or {}).get("predictions") if isinstance(body, dict) else None
+        if isinstance(predictions, list) and len(predictions) == len(batch):
+            return [_api_result(p, response.status_code) for p in predictions]
+        if response.status_code != 200:
+            raise RequestFailed(_reason(body, response), response.status_code)
+        raise RequestFailed(f"unexpected answer from {self.url}/api/v1/predict", response.status_code)
+
+    def health(self):
+        response, body = self._call("GET", "/readyz")
+        if response.status_code != 200:
+            raise Unreachable(f"{self.url} is not ready: {_reason(body, response)}")
+        return body if isinstance(body, dict) else {"status": "ready"}
+
+    def info(self):
+        response, body = self._call("GET", "/api/v1/model")
+        if response.status_code != 200 or not isinstance(body, dict):
+            raise RequestFailed(_reason(body, response), response.status_code)
+        return body
+
+
+def _api_result(prediction, http_status):
+    if "error" in prediction:
+        return {"error": prediction["error"], "status": prediction.get("status", http_status)}
+    return {
+        "label": prediction.get("label"),
+        "class_id": prediction.get("class_id"),
+        "probability": prediction.get("probability"),
+        "top_k": prediction.get("top_k", []),
+    }
+
+
+def _json_or_none(response):
+    try:
+        return response.json()
+    except ValueError:
+        return None
+
+
+def _reason(body, response):
+    if isinstance(body, dict) and body.get("error"):
+        return str(body["error"])
+    return f"HTTP {response.status_code} {response.reason or ''}".strip()
+
+
+class TFServingRestTransport:
+    """TF Serving's REST API: encoded images as ``{"b64": ...}`` to the ``predict_images`` signature."""
+
+    def __init__(self, url, model, timeout):
+        import requests
+
+        self._requests = requests
+        self.url = url.rstrip("/")
+        self.model = model
+        self.timeout = timeout
+        self.session = requests.Session()
+        self.names = {}  # class id -> name, learned from the answers (TF Serving names only the top class)
+
+    def _call(self, method, path, **kwargs):
+        try:
+            response = self.session.request(method, f"{self.url}/v1/models/{self.model}{path}", timeout=self.timeout, **kwargs)
+        except self._requests.RequestException as error:
+            raise Unreachable(f"cannot reach {self.url}: {type(error).__name__}") from error
+        body = _json_or_none(response)
+        if response.status_code == 503:
+            raise Unreachable(f"{self.url} is not ready: {_reason(body, response)}")
+        if response.status_code != 200:
+            raise RequestFailed(_reason(body, response), response.status_code)
+        return body
+
+    def predict(self, batch, top_k):
+        body = {
+            "signature_name": contract.SIGNATURE_BYTES,
+            "instances": [{"b64": base64.b64encode(data).decode("ascii")} for _, data in batch],
+        }
+        predictions = self._call("POST", ":predict", json=body)["predictions"]
+        rows = []
+        for row in predictions:
+            class_id = int(row[contract.OUTPUT_CLASS_IDS])
+            self.names[class_id] = row[contract.OUTPUT_CLASS_NAMES]
+            rows.append((row[contract.OUTPUT_PROBABILITIES], class_id))
+        return [_tfs_result(p, c, top_k, self.names) for p, c in rows]
+
+    def health(self):
+        body = self._call("GET", "")
+        states = body.get("model_version_status", [])
+        if not any(s.get("state") == "AVAILABLE" for s in states):
+            raise Unreachable(f"model {self.model} at {self.url} is not available: {states}")
+        return {"status": "ready", "model": self.model, "versions": [int(s["version"]) for s in states if s.get("state") == "AVAILABLE"]}
+
+    def info(self):
+        body = self._call("GET", "/metadata")
+        signatures = body["metadata"]["signature_def"]["signature_def"]
+        return {
+            "name": body["model_spec"]["name"],
+            "version": int(body["model_spec"]["version"]),
+            "class_names": None,
+            "signatures": {name: _signature_summary(sig) for name, sig in signatures.items() if not name.startswith("__")},
+            "backend": f"tfserving-rest {self.url}",
+        }
+
+
+def _signature_summary(signature):
+    return {
+        "inputs": sorted(signature.get("inputs", {})),
+        "outputs": sorted(signature.get("outputs", {})),
+    }
+
+
+def _tfs_result(probabilities, class_id, top_k, names):
+    probabilities = [float(p) for p in probabilities]
+    return {
+        "label": names.get(class_id),
+        "class_id": class_id,
+        "probability": probabilities[class_id],
+        "top_k": top_k_from_probabilities(probabilities, top_k, names),
+    }
+
+
+class TFServingGrpcTransport:
+    """TF Serving's gRPC ``PredictionService``/``ModelService``, through the vendored protos."""
+
+    def __init__(self, target, model, timeout):
+        import grpc
+
+        from client.protos.tensorflow_serving.apis import model_service_pb2_grpc, prediction_service_pb2_grpc
+
+        self._grpc = grpc
+        self.target = target
+        self.model = model
+        self.timeout = timeout
+        self.channel = grpc.insecure_channel(target)
+        self.predictions = prediction_service_pb2_grpc.PredictionServiceStub(self.channel)
+        self.models = model_service_pb2_grpc.ModelServiceStub(self.channel)
+        self.names = {}
+
+    def _call(self, method, request):
+        try:
+            return method(request, timeout=self.timeout)
+        except self._grpc.RpcError as error:
+            code, details = error.code(), error.details()
+            if code in (self._grpc.StatusCode.UNAVAILABLE, self._grpc.StatusCode.DEADLINE_EXCEEDED):
+                raise Unreachable(f"cannot reach {self.target}: {code.name}") from error
+            raise RequestFailed(details or code.name, code.name) from error
+
+    def predict(self, batch, top_k):
+        from client.protos.tensorflow.core.framework import types_pb2
+        from client.protos.tensorflow_serving.apis import predict_pb2
+
+        request = predict_pb2.PredictRequest()
+        request.model_spec.name = self.model
+        request.model_spec.signature_name = contract.SIGNATURE_BYTES
+        tensor = request.inputs[contract.INPUT_BYTES]
+        tensor.dtype = types_pb2.DT_STRING
+        tensor.tensor_shape.dim.add().size = len(batch)
+        tensor.string_val.extend(data for _, data in batch)
+        outputs = self._call(self.predictions.Predict, request).outputs
+        probabilities = list(outputs[contract.OUTPUT_PROBABILITIES].float_val)
+        class_ids = list(outputs[contract.OUTPUT_CLASS_IDS].int64_val)
+        class_names = [n.decode("utf-8") for n in outputs[contract.OUTPUT_CLASS_NAMES].string_val]
+        self.names.update(zip(class_ids, class_names))
+        width = len(probabilities) // max(len(batch), 1)
+        return [
+            _tfs_result(probabilities[i * width : (i + 1) * width], class_ids[i], top_k, self.names)
+            for i in range(len(batch))
+        ]
+
+    def health(self):
+        from client.protos.tensorflow_serving.apis import get_model_status_pb2
+
+        request = get_model_status_pb2.GetModelStatusRequest()
+        request.model_spec.name = self.model
+        response = self._call(self.models.GetModelStatus, request)
+        available = get_model_status_pb2.ModelVersionStatus.AVAILABLE
+        versions = [s.version for s in response.model_version_status if s.state == available]
+        if not versions:
+            raise Unreachable(f"model {self.model} at {self.target} has no available version")
+        return {"status": "ready", "model": self.model, "versions": versions}
+
+    def info(self):
+        from client.protos.tensorflow.core.protobuf import meta_graph_pb2  # noqa: F401  (SignatureDef, for Unpack)
+        from client.protos.tensorflow_serving.apis import get_model_metadata_pb2
+
+        request = get_model_metadata_pb2.GetModelMetadataRequest()
+        request.model_spec.name = self.model
+        request.metadata_field.append("signature_def")
+        response = self._call(self.predictions.GetModelMetadata, request)
+        signature_map = get_model_metadata_pb2.SignatureDefMap()
+        response.metadata["signature_def"].Unpack(signature_map)
+        return {
+            "name": response.model_spec.name,
+            "version": response.model_spec.version.value,
+            "class_names": None,
+            "signatures": {
+                name: {"inputs": sorted(sig.inputs), "outputs": sorted(sig.outputs)}
+                for name, sig in signature_map.signature_def.items()
+                if not name.startswith("__")
+            },
+            "backend": f"tfserving-grpc {self.target}",
+        }
