@@ -1,0 +1,54 @@
+# syntax=docker/dockerfile:1
+# The serving image: the Flask front end in serve/, under gunicorn, on a slim Python base.
+#
+# Typical usage (docs/deploy.md has the rest):
+#   docker build -t cifar-serve .
+#   docker run --rm -p 8000:8000 -v "$PWD/models:/models:ro" cifar-serve        # model at run time
+#   docker build --build-arg MODEL_SRC=models -t cifar-serve:baked .            # model in the image
+#
+# The model is never part of the install: it comes in at /models, as TF Serving's image expects,
+# either as a volume at run time or copied from MODEL_SRC (a folder in the build context) at build
+# time. The default MODEL_SRC is a folder holding only a README, so a plain build copies no model.
+
+ARG PYTHON_VERSION=3.11
+
+# --- build: install the package and the `serve` extra into a virtual environment ---------------
+FROM python:${PYTHON_VERSION}-slim-bookworm AS build
+ENV PIP_DISABLE_PIP_VERSION_CHECK=1
+RUN python -m venv /opt/venv
+ENV PATH=/opt/venv/bin:$PATH
+WORKDIR /src
+# Only what the install needs: the project metadata (README.md is its readme) and the packages the
+# server imports; tests/test_deploy.py checks that serve/ imports nothing else. "./[serve]" is
+# ".[serve]" spelled so hadolint sees a local path, not an unpinned package from an index.
+COPY pyproject.toml README.md ./
+COPY contract ./contract
+COPY serve ./serve
+RUN pip install --no-cache-dir "./[serve]"
+
+# --- runtime: the virtual environment, a non-root user, the model at /models -------------------
+FROM python:${PYTHON_VERSION}-slim-bookworm AS runtime
+ARG MODEL_SRC=deploy/no-model
+RUN groupadd --system --gid 10001 app \
+    && useradd --system --uid 10001 --gid app --no-create-home --shell /usr/sbin/nologin app \
+    && mkdir -p /models /tmp/prometheus \
+    && chown app:app /tmp/prometheus
+COPY --from=build /opt/venv /opt/venv
+# 0755: exported files may be private to their owner on the build host, and the server runs as app.
+COPY --chmod=0755 ${MODEL_SRC} /models/
+ENV PATH=/opt/venv/bin:$PATH \
+    PYTHONUNBUFFERED=1 \
+    PYTHONDONTWRITEBYTECODE=1 \
+    TF_CPP_MIN_LOG_LEVEL=2 \
+    MODEL_NAME=cifar10 \
+    MODEL_BASE_PATH=/models \
+    SERVE_BACKEND=local \
+    PORT=8000 \
+    PROMETHEUS_MULTIPROC_DIR=/tmp/prometheus
+WORKDIR /srv
+USER 10001:10001
+EXPOSE 8000
+# Liveness only (/readyz is for load balancers): slim images have no curl, so Python asks.
+HEALTHCHECK --interval=30s --timeout=5s --start-period=60s --retries=3 \
+    CMD ["python", "-c", "import os, urllib.request; urllib.request.urlopen('http://127.0.0.1:%s/healthz' % os.environ.get('PORT', '8000'), timeout=4)"]
+CMD ["gunicorn", "-c", "python:serve.gunicorn_conf", "serve:create_app()"]
