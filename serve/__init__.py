@@ -1,0 +1,82 @@
+"""SERVE: a Flask front end for the exported SavedModel (or for a TF Serving).
+
+Typical usage::
+
+    python -m serve --model-dir models/cifar10 --port 8000           # gunicorn, in-process model
+    SERVE_BACKEND=tfserving-grpc TFSERVING_GRPC_TARGET=tfserving:8500 python -m serve
+
+Routes: ``/`` (upload form), ``/api/v1/predict``, ``/api/v1/model``, TF Serving's REST API
+under ``/v1/models/NAME``, ``/healthz``, ``/readyz``, ``/metrics``. Configuration is by
+environment variable; see :mod:`serve.settings`.
+"""
+
+import io
+import time
+
+from flask import Flask, Request, g, jsonify, request
+from werkzeug.exceptions import HTTPException
+
+JSON_PREFIXES = ("/api/", "/v1/")
+
+
+class InMemoryRequest(Request):
+    """Uploads stay in memory: werkzeug would spill files over 500 KB to a temporary file."""
+
+    def _get_file_stream(self, total_content_length, content_type, filename=None, content_length=None):
+        return io.BytesIO()
+
+
+def create_app(config=None, backend=None):
+    """Build the app: defaults from the environment, then ``config``; ``backend`` replaces the configured one."""
+    from serve import api, backends, health, metrics, settings, tfserving_api, web
+
+    app = Flask(__name__)
+    app.request_class = InMemoryRequest
+    app.config.update(settings.from_environ())
+    app.config["MAX_FORM_MEMORY_SIZE"] = None  # the body limit (MAX_CONTENT_LENGTH) bounds form fields
+    app.config.from_mapping(config or {})
+    if "MAX_UPLOAD_MB" in (config or {}):
+        app.config["MAX_CONTENT_LENGTH"] = int(float(config["MAX_UPLOAD_MB"]) * 1024 * 1024)
+    app.json.sort_keys = False
+
+    app_metrics = metrics.Metrics()
+    app.extensions["serve.metrics"] = app_metrics
+    if backend is None:
+        backend = backends.from_config(app.config, on_batch=app_metrics.batch_size.observe)
+    app.extensions["serve.backend"] = backend
+
+    for blueprint in (web.bp, api.bp, tfserving_api.bp, health.bp):
+        app.register_blueprint(blueprint)
+
+    @app.before_request
+    def _start_timer():
+        g.serve_started = time.perf_counter()
+
+    @app.after_request
+    def _observe(response):
+        route = request.url_rule.rule if request.url_rule is not None else "<unmatched>"
+        started = g.get("serve_started")
+        if started is not None:
+            app_metrics.latency.labels(route, request.method).observe(time.perf_counter() - started)
+        app_metrics.requests.labels(route, request.method, str(response.status_code)).inc()
+        return response
+
+    @app.errorhandler(HTTPException)
+    def _http_error(e):
+        if request.path.startswith(JSON_PREFIXES):
+            description = e.description
+            if e.code == 413:
+                description = f"the request is larger than the {app.config['MAX_CONTENT_LENGTH'] / 1048576:g} MiB limit"
+            elif e.code == 404:
+                description = f"no route {request.path}"
+            return jsonify(error=description), e.code
+        if e.code == 413:
+            return web.render_error(f"The upload is larger than the {app.config['MAX_CONTENT_LENGTH'] / 1048576:g} MiB limit.", 413)
+        return e
+
+    @app.errorhandler(Exception)
+    def _unexpected(e):
+        app.logger.exception("unhandled error on %s", request.path)
+        return jsonify(error=f"internal error: {type(e).__name__}"), 500
+
+    return app

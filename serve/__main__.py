@@ -1,0 +1,51 @@
+"""Start the server under gunicorn (never Flask's development server).
+
+Typical usage::
+
+    python -m serve --model-dir models/cifar10 --host 127.0.0.1 --port 8000
+    python -m serve --backend tfserving-rest --tfserving-rest-url http://127.0.0.1:8501
+
+Flags set the environment variables of :mod:`serve.settings` and then exec
+``gunicorn -c python:serve.gunicorn_conf "serve:create_app()"``, the same command the
+Docker image runs.
+"""
+
+import argparse
+import os
+import sys
+
+from serve import settings
+
+GUNICORN_ARGS = ["-c", "python:serve.gunicorn_conf", "serve:create_app()"]
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(prog="python -m serve", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--model-dir", help="model directory holding version folders N/ (sets MODEL_DIR)")
+    parser.add_argument("--model-name", help="model name in URLs (sets MODEL_NAME; default cifar10)")
+    parser.add_argument("--host", help="address to listen on (sets HOST; default 0.0.0.0)")
+    parser.add_argument("--port", type=int, help="port to listen on (sets PORT; default 8000)")
+    parser.add_argument("--backend", choices=settings.BACKENDS, help="where predictions run (sets SERVE_BACKEND; default local)")
+    parser.add_argument("--tfserving-rest-url", help="TF Serving REST URL, e.g. http://host:8501 (sets TFSERVING_REST_URL)")
+    parser.add_argument("--tfserving-grpc-target", help="TF Serving gRPC host:port (sets TFSERVING_GRPC_TARGET)")
+    parser.add_argument("--workers", type=int, help="gunicorn worker processes (sets WEB_CONCURRENCY; default 1)")
+    parser.add_argument("--threads", type=int, help="threads per worker (sets GUNICORN_THREADS; default 32)")
+    args = parser.parse_args(argv)
+    env = {
+        "MODEL_DIR": args.model_dir and os.path.abspath(args.model_dir),
+        "MODEL_NAME": args.model_name,
+        "HOST": args.host,
+        "PORT": args.port and str(args.port),
+        "SERVE_BACKEND": args.backend,
+        "TFSERVING_REST_URL": args.tfserving_rest_url,
+        "TFSERVING_GRPC_TARGET": args.tfserving_grpc_target,
+        "WEB_CONCURRENCY": args.workers and str(args.workers),
+        "GUNICORN_THREADS": args.threads and str(args.threads),
+    }
+    os.environ.update({key: value for key, value in env.items() if value})
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    os.execv(sys.executable, [sys.executable, "-m", "gunicorn", *GUNICORN_ARGS])
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,73 @@
+"""``/api/v1``: the JSON API (predict, model info)."""
+
+import base64
+import binascii
+
+from flask import Blueprint, current_app, jsonify, request
+
+from serve import classify as cls
+from serve import signatures
+from serve.backends import BackendError
+
+bp = Blueprint("api", __name__, url_prefix="/api/v1")
+
+
+def _uploads():
+    """``[(filename, bytes or error message)]`` from multipart files or JSON instances."""
+    if request.files:
+        return [(f.filename or key, f.read()) for key in request.files for f in request.files.getlist(key)]
+    if request.mimetype == "application/json" or (request.data[:1] in (b"{", b"[")):
+        body = request.get_json(silent=True, force=True)
+        if body is None:
+            raise ValueError("the body is not valid JSON")
+        instances = body.get("instances") if isinstance(body, dict) else None
+        if not isinstance(instances, list) or not instances:
+            raise ValueError('JSON must be {"instances": [{"b64": "<base64 image>"}, ...]} with at least one instance')
+        uploads = []
+        for instance in instances:
+            encoded = instance.get("b64") if isinstance(instance, dict) else None
+            if not isinstance(encoded, str):
+                uploads.append((None, 'is not {"b64": "<base64 image>"}'))
+                continue
+            try:
+                uploads.append((None, base64.b64decode(encoded, validate=True)))
+            except (binascii.Error, ValueError):
+                uploads.append((None, "is not valid base64"))
+        return uploads
+    raise ValueError('send images as multipart/form-data (field "file") or JSON {"instances": [{"b64": ...}]}')
+
+
+@bp.post("/predict")
+def predict():
+    try:
+        top_k = cls.parse_top_k(request.args.get("top_k") or request.form.get("top_k"), current_app.config["TOP_K"])
+        uploads = _uploads()
+    except ValueError as e:
+        return jsonify(error=str(e)), 400
+    try:
+        meta, slots = cls.classify(uploads, top_k)
+    except BackendError as e:
+        return jsonify(error=str(e)), e.status
+    body = {"model": cls.model_info(meta), "predictions": [cls.public(s) for s in slots]}
+    bad = [s for s in slots if "error" in s]
+    if bad and len(bad) == len(slots):
+        body["error"] = "; ".join(s["error"] for s in bad)
+        return jsonify(body), bad[0]["status"]
+    return jsonify(body)
+
+
+@bp.get("/model")
+def model():
+    try:
+        meta = cls.backend().metadata()
+    except BackendError as e:
+        return jsonify(error=str(e)), e.status
+    return jsonify(
+        name=meta["name"],
+        version=meta["version"],
+        versions=meta["versions"],
+        architecture=meta["architecture"],
+        class_names=meta["class_names"],
+        signatures=signatures.summary(meta["signature_defs"]),
+        backend=cls.backend().kind,
+    )

@@ -1,0 +1,127 @@
+"""Micro-batching: concurrent requests share one model call.
+
+One thread owns the model. It takes whatever requests are already queued, up to
+``max_batch`` images, and runs them together. When the server is idle a request is
+dispatched at once; only while the previous batch was bigger than the queue now holds
+(the server is busy and more requests are surely on their way) does it wait up to
+``max_wait_s`` to fill the batch.
+"""
+
+import collections
+import queue
+import threading
+
+import numpy as np
+
+
+class _Item:
+    __slots__ = ("images", "done", "result", "error")
+
+    def __init__(self, images):
+        self.images = images
+        self.done = threading.Event()
+        self.result = None
+        self.error = None
+
+
+class Batcher:
+    """Run ``fn(uint8 [N, ...]) -> {name: array [N, ...]}`` on batches gathered from many threads."""
+
+    def __init__(self, fn, max_batch=32, max_wait_s=0.002, on_batch=None):
+        self._fn = fn
+        self.max_batch = max(1, int(max_batch))
+        self.max_wait_s = max(0.0, float(max_wait_s))
+        self._on_batch = on_batch
+        self._queue = queue.Queue()
+        #: How many batches of each size ran (tests and /metrics read it).
+        self.batch_sizes = collections.Counter()
+        self._thread = threading.Thread(target=self._loop, name="batcher", daemon=True)
+        self._thread.start()
+
+    def submit(self, images):
+        """Run ``images`` (uint8 ``[n, ...]``) in the next batch; block until its outputs are ready."""
+        item = _Item(images)
+        self._queue.put(item)
+        item.done.wait()
+        if item.error is not None:
+            raise item.error
+        return item.result
+
+    def close(self):
+        self._queue.put(None)
+        self._thread.join(timeout=5)
+
+    def _loop(self):
+        carry = None  # an item that did not fit in the previous batch
+        last_size = 0
+        while True:
+            first = carry if carry is not None else self._queue.get()
+            carry = None
+            if first is None:
+                return
+            batch, size = [first], len(first.images)
+            stop = False
+            # Take what is already waiting, never blocking.
+            while size < self.max_batch:
+                try:
+                    item = self._queue.get_nowait()
+                except queue.Empty:
+                    break
+                if item is None:
+                    stop = True
+                    break
+                if size + len(item.images) > self.max_batch:
+                    carry = item
+                    break
+                batch.append(item)
+                size += len(item.images)
+            # Busy: the last batch was bigger than this one, so wait briefly for the rest.
+            if not stop and carry is None and size < self.max_batch and self.max_wait_s and last_size > size:
+                deadline = _now() + self.max_wait_s
+                while size < self.max_batch:
+                    remaining = deadline - _now()
+                    if remaining <= 0:
+                        break
+                    try:
+                        item = self._queue.get(timeout=remaining)
+                    except queue.Empty:
+                        break
+                    if item is None:
+                        stop = True
+                        break
+                    if size + len(item.images) > self.max_batch:
+                        carry = item
+                        break
+                    batch.append(item)
+                    size += len(item.images)
+            self._run(batch, size)
+            last_size = size
+            if stop:
+                return
+
+    def _run(self, batch, size):
+        try:
+            images = batch[0].images if len(batch) == 1 else np.concatenate([item.images for item in batch])
+            outputs = self._fn(images)
+            start = 0
+            for item in batch:
+                end = start + len(item.images)
+                item.result = {name: value[start:end] for name, value in outputs.items()}
+                start = end
+        except Exception as e:  # handed to every waiting request; the thread carries on
+            for item in batch:
+                item.error = e
+        self.batch_sizes[size] += 1
+        if self._on_batch is not None:
+            try:
+                self._on_batch(size)
+            except Exception:
+                pass
+        for item in batch:
+            item.done.set()
+
+
+def _now():
+    import time
+
+    return time.monotonic()

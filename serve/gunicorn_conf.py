@@ -1,0 +1,52 @@
+"""gunicorn settings: ``gunicorn -c python:serve.gunicorn_conf "serve:create_app()"``.
+
+Layout for a small (2-core) CPU machine: one worker process with many threads. The model
+runs in TensorFlow's own thread pool, which already uses every core; the threads only
+decode uploads and wait on the micro-batcher, and one process means one batcher that sees
+every concurrent request and so fills its batches. ``WEB_CONCURRENCY`` adds processes
+(each loads the model); ``GUNICORN_THREADS`` sets the threads per process.
+"""
+
+import os
+import shutil
+import tempfile
+
+bind = f"{os.environ.get('HOST', '0.0.0.0')}:{os.environ.get('PORT', '8000')}"
+workers = int(os.environ.get("WEB_CONCURRENCY", "1"))
+threads = int(os.environ.get("GUNICORN_THREADS", "32"))
+worker_class = "gthread"
+# Loading TensorFlow and the SavedModel takes a while; never fork after importing TensorFlow.
+timeout = int(os.environ.get("GUNICORN_TIMEOUT", "120"))
+graceful_timeout = 20
+keepalive = 5
+preload_app = False
+accesslog = os.environ.get("GUNICORN_ACCESSLOG")  # "-" for stdout; off by default
+errorlog = "-"
+loglevel = os.environ.get("GUNICORN_LOGLEVEL", "info")
+
+# Prometheus multiprocess mode: every worker writes its metrics to files in one directory,
+# and /metrics adds them up. The directory must be empty when the server starts.
+_own_prometheus_dir = not os.environ.get("PROMETHEUS_MULTIPROC_DIR")
+if _own_prometheus_dir:
+    os.environ["PROMETHEUS_MULTIPROC_DIR"] = tempfile.mkdtemp(prefix="serve-prometheus-")
+else:
+    _dir = os.environ["PROMETHEUS_MULTIPROC_DIR"]
+    os.makedirs(_dir, exist_ok=True)
+    for _name in os.listdir(_dir):
+        if _name.endswith(".db"):
+            os.remove(os.path.join(_dir, _name))
+
+
+def when_ready(server):
+    server.log.info("serving on http://%s", bind)
+
+
+def child_exit(server, worker):
+    from prometheus_client import multiprocess
+
+    multiprocess.mark_process_dead(worker.pid)
+
+
+def on_exit(server):
+    if _own_prometheus_dir:
+        shutil.rmtree(os.environ["PROMETHEUS_MULTIPROC_DIR"], ignore_errors=True)

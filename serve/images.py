@@ -1,0 +1,112 @@
+"""Decode uploaded images in memory into the model's input: uint8 RGB, 32x32.
+
+Only an allow-list of formats is opened, the pixel count is capped far below Pillow's
+default, and Pillow's decompression-bomb warning is an error. Nothing touches the disk.
+"""
+
+import io
+import warnings
+
+import numpy as np
+from PIL import Image, ImageOps, UnidentifiedImageError
+
+from contract import CHANNELS, IMAGE_SIZE, RESIZE_METHOD
+
+#: Pillow format names accepted; GIFs give their first frame.
+ALLOWED_FORMATS = ("PNG", "JPEG", "GIF", "BMP", "WEBP")
+#: Most pixels an upload may declare (Pillow warns at ~89 M and refuses at ~179 M).
+DEFAULT_MAX_PIXELS = 4096 * 4096
+
+MIME_TYPES = {"PNG": "image/png", "JPEG": "image/jpeg", "GIF": "image/gif", "BMP": "image/bmp", "WEBP": "image/webp"}
+_RESAMPLE = {"bilinear": Image.Resampling.BILINEAR}[RESIZE_METHOD]
+_SIXTEEN_BIT_MODES = ("I", "I;16", "I;16B", "I;16L", "I;16N", "F")
+
+# A bomb warning becomes an exception (filterwarnings is process-wide and idempotent; doing
+# it per request with catch_warnings would not be thread-safe).
+warnings.filterwarnings("error", category=Image.DecompressionBombWarning)
+
+
+class ImageError(Exception):
+    """An upload that cannot become a model input; ``status`` is the HTTP code to answer with."""
+
+    def __init__(self, message, status=400):
+        super().__init__(message)
+        self.status = status
+
+
+def decode(data, max_pixels=DEFAULT_MAX_PIXELS):
+    """Return ``(pixels, format)``: uint8 ``[32, 32, 3]`` RGB and the Pillow format name.
+
+    Raises:
+      ImageError: 400 (not an image, truncated, empty), 413 (too many pixels), 415 (a
+        format outside ``ALLOWED_FORMATS``).
+    """
+    if not data:
+        raise ImageError("is empty")
+    try:
+        image = Image.open(io.BytesIO(data), formats=ALLOWED_FORMATS)
+    except UnidentifiedImageError:
+        raise ImageError(*_why_unidentified(data)) from None
+    except (Image.DecompressionBombWarning, Image.DecompressionBombError) as e:
+        raise ImageError(f"has too many pixels ({e})", 413) from None
+    except Exception as e:  # Pillow raises many kinds on corrupt headers
+        raise ImageError(f"is not a readable image ({e})") from None
+    with image:
+        fmt = image.format
+        width, height = image.size
+        if width * height > max_pixels:
+            raise ImageError(f"has too many pixels ({width}x{height}; the limit is {max_pixels})", 413)
+        try:
+            image = _to_rgb(image)
+            if image.size != (IMAGE_SIZE, IMAGE_SIZE):
+                image = image.resize((IMAGE_SIZE, IMAGE_SIZE), _RESAMPLE)
+            pixels = np.asarray(image, dtype=np.uint8)
+        except (Image.DecompressionBombWarning, Image.DecompressionBombError) as e:
+            raise ImageError(f"has too many pixels ({e})", 413) from None
+        except (OSError, ValueError, SyntaxError, EOFError) as e:
+            # Truncated or corrupt data surfaces only when the pixels are decoded.
+            raise ImageError(f"is a damaged or truncated {fmt} image ({e})") from None
+    if pixels.shape != (IMAGE_SIZE, IMAGE_SIZE, CHANNELS):
+        raise ImageError(f"decoded to an unexpected shape {pixels.shape}")
+    return pixels, fmt
+
+
+def _why_unidentified(data):
+    """Tell a real image in a refused format (415) from data that is no image at all (400)."""
+    try:
+        with Image.open(io.BytesIO(data)) as other:
+            fmt = other.format
+    except (Image.DecompressionBombWarning, Image.DecompressionBombError):
+        return "has too many pixels", 413
+    except Exception:
+        return "is not an image (or not in a format this server reads)", 400
+    return f"is a {fmt} image; accepted formats are {', '.join(ALLOWED_FORMATS)}", 415
+
+
+def _to_rgb(image):
+    """First frame, EXIF orientation applied, any mode (palette, L, LA, CMYK, 16-bit...) as RGB."""
+    if getattr(image, "n_frames", 1) > 1:
+        image.seek(0)
+    # Reading the orientation tag is cheap; exif_transpose copies, so only call it when needed.
+    if image.getexif().get(ImageOps.ExifTags.Base.Orientation, 1) != 1:
+        image = ImageOps.exif_transpose(image)
+    mode = image.mode
+    if mode == "RGB":
+        image.load()
+        return image
+    if mode in _SIXTEEN_BIT_MODES:
+        values = np.asarray(image)
+        if mode != "F" and values.max(initial=0) > 255:
+            values = values // 257  # 16-bit range down to 8 bits
+        return Image.fromarray(np.clip(values, 0, 255).astype(np.uint8), "L").convert("RGB")
+    if mode in ("PA", "La"):
+        image = image.convert("RGBA")
+    # Alpha is dropped, not composited: the same as the model's own predict_images signature.
+    return image.convert("RGB")
+
+
+def data_url(data, fmt):
+    """An inline ``data:`` URL of the uploaded bytes, for showing them back on the page."""
+    import base64
+
+    return f"data:{MIME_TYPES.get(fmt, 'application/octet-stream')};base64,{base64.b64encode(data).decode('ascii')}"

@@ -1,0 +1,41 @@
+"""Prometheus metrics. Under gunicorn with several workers, prometheus-client's multiprocess
+mode (``PROMETHEUS_MULTIPROC_DIR``, set by :mod:`serve.gunicorn_conf`) adds up every worker."""
+
+import os
+
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Histogram, generate_latest
+
+LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
+BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
+
+
+def multiprocess_dir():
+    return os.environ.get("PROMETHEUS_MULTIPROC_DIR") or os.environ.get("prometheus_multiproc_dir")
+
+
+class Metrics:
+    """This app's metrics, in its own registry (or in the shared multiprocess files)."""
+
+    def __init__(self):
+        self.multiprocess = bool(multiprocess_dir())
+        # In multiprocess mode values live in files and are collected at scrape time, so the
+        # metrics themselves are not registered anywhere.
+        self._registry = None if self.multiprocess else CollectorRegistry()
+        kw = {"registry": self._registry}
+        self.latency = Histogram(
+            "serve_request_duration_seconds", "Time to answer a request.", ["route", "method"], buckets=LATENCY_BUCKETS, **kw
+        )
+        self.requests = Counter("serve_requests", "Requests answered, by route and status.", ["route", "method", "status"], **kw)
+        self.batch_size = Histogram("serve_batch_size", "Images per model call.", buckets=BATCH_BUCKETS, **kw)
+        self.images = Counter("serve_images", "Images classified.", **kw)
+
+    def exposition(self):
+        """``(body, content type)`` for ``GET /metrics``."""
+        if self.multiprocess:
+            from prometheus_client import multiprocess
+
+            registry = CollectorRegistry()
+            multiprocess.MultiProcessCollector(registry)
+        else:
+            registry = self._registry
+        return generate_latest(registry), CONTENT_TYPE_LATEST

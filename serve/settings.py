@@ -1,0 +1,60 @@
+"""Server configuration from environment variables, named as in TF Serving's image.
+
+==========================  =========================  ===============================================
+variable                    default                    meaning
+==========================  =========================  ===============================================
+``MODEL_NAME``              ``cifar10``                the model's name in URLs and in TF Serving
+``MODEL_BASE_PATH``         ``/models``                the model directory is BASE/NAME/ (holds N/)
+``MODEL_DIR``               (BASE/NAME)                the model directory in full; overrides both
+``SERVE_BACKEND``           ``local``                  ``local``, ``tfserving-rest``, ``tfserving-grpc``
+``TFSERVING_REST_URL``      (none)                     e.g. ``http://tfserving:8501``
+``TFSERVING_GRPC_TARGET``   (none)                     e.g. ``tfserving:8500``
+``TFSERVING_TIMEOUT_S``     ``5``                      seconds before TF Serving counts as down (503)
+``SERVE_MAX_BATCH``         ``32``                     most images in one model call (local backend)
+``SERVE_BATCH_WAIT_MS``     ``2``                      most a busy batcher waits to fill a batch, ms
+``SERVE_MAX_UPLOAD_MB``     ``16``                     largest request body, MiB (413 above it)
+``SERVE_MAX_PIXELS``        ``16777216``               most pixels one image may declare (413)
+``SERVE_TOP_K``             ``3``                      labels per image unless ``top_k`` is given
+``HOST`` / ``PORT``         ``0.0.0.0`` / ``8000``     where gunicorn listens
+``WEB_CONCURRENCY``         ``1``                      gunicorn worker processes
+``GUNICORN_THREADS``        ``32``                     threads per worker
+==========================  =========================  ===============================================
+
+With ``tfserving-*`` backends ``MODEL_DIR`` is optional: when the files are there the
+server reads the training manifest (architecture, all class names) from them.
+"""
+
+import os
+
+from contract import DEFAULT_MODEL_NAME
+
+DEFAULT_MODEL_BASE_PATH = "/models"
+DEFAULT_BACKEND = "local"
+DEFAULT_TIMEOUT_S = 5.0
+DEFAULT_MAX_BATCH = 32
+DEFAULT_BATCH_WAIT_MS = 2.0
+DEFAULT_MAX_UPLOAD_MB = 16
+DEFAULT_MAX_PIXELS = 4096 * 4096
+DEFAULT_TOP_K = 3
+BACKENDS = ("local", "tfserving-rest", "tfserving-grpc")
+
+
+def from_environ(environ=None):
+    """Flask config keys from the environment variables above."""
+    env = os.environ if environ is None else environ
+    name = env.get("MODEL_NAME") or DEFAULT_MODEL_NAME
+    model_dir = env.get("MODEL_DIR") or os.path.join(env.get("MODEL_BASE_PATH") or DEFAULT_MODEL_BASE_PATH, name)
+    max_upload_mb = float(env.get("SERVE_MAX_UPLOAD_MB") or DEFAULT_MAX_UPLOAD_MB)
+    return {
+        "MODEL_NAME": name,
+        "MODEL_DIR": model_dir,
+        "BACKEND": env.get("SERVE_BACKEND") or DEFAULT_BACKEND,
+        "TFSERVING_REST_URL": env.get("TFSERVING_REST_URL"),
+        "TFSERVING_GRPC_TARGET": env.get("TFSERVING_GRPC_TARGET"),
+        "TFSERVING_TIMEOUT_S": float(env.get("TFSERVING_TIMEOUT_S") or DEFAULT_TIMEOUT_S),
+        "MAX_BATCH": int(env.get("SERVE_MAX_BATCH") or DEFAULT_MAX_BATCH),
+        "BATCH_WAIT_MS": float(env.get("SERVE_BATCH_WAIT_MS") or DEFAULT_BATCH_WAIT_MS),
+        "MAX_CONTENT_LENGTH": int(max_upload_mb * 1024 * 1024),
+        "MAX_PIXELS": int(env.get("SERVE_MAX_PIXELS") or DEFAULT_MAX_PIXELS),
+        "TOP_K": int(env.get("SERVE_TOP_K") or DEFAULT_TOP_K),
+    }

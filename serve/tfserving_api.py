@@ -1,0 +1,210 @@
+"""``/v1/models/...``: TF Serving's REST API, so existing TF Serving clients work unchanged.
+
+Predict takes the row (``instances``) or columnar (``inputs``) format, an optional
+``signature_name`` and ``{"b64": ...}`` for string tensors; it answers ``predictions`` or
+``outputs`` shaped as TF Serving shapes them. Status and metadata follow TF Serving too.
+"""
+
+import base64
+import binascii
+
+import numpy as np
+from flask import Blueprint, current_app, jsonify, request
+from werkzeug.routing import BaseConverter
+
+from contract import SIGNATURE_PIXELS
+from serve import classify as cls
+from serve import signatures
+from serve.backends import BackendError
+
+bp = Blueprint("tfserving", __name__, url_prefix="/v1/models")
+
+
+class ModelNameConverter(BaseConverter):
+    """A model name stops at ``/`` and at ``:`` (``/v1/models/cifar10:predict``)."""
+
+    regex = r"[^/:]+"
+
+
+@bp.record_once
+def _register_converter(state):
+    state.app.url_map.converters["model"] = ModelNameConverter
+
+
+class ApiError(Exception):
+    def __init__(self, message, status=400):
+        super().__init__(message)
+        self.status = status
+
+
+@bp.errorhandler(ApiError)
+@bp.errorhandler(BackendError)
+def _error(e):
+    return jsonify(error=str(e)), e.status
+
+
+def _check_name(name):
+    if name != current_app.config["MODEL_NAME"]:
+        raise ApiError(f"Servable not found for request: Latest({name})", 404)
+
+
+def _meta(name, version):
+    _check_name(name)
+    meta = cls.backend().metadata()
+    if version is not None and version not in meta["versions"]:
+        raise ApiError(f"Servable not found for request: Specific({name}, {version})", 404)
+    return meta
+
+
+@bp.get("/<model:name>")
+@bp.get("/<model:name>/versions/<int:version>")
+def status(name, version=None):
+    meta = _meta(name, version)
+    shown = [version] if version is not None else meta["versions"]
+    return jsonify(
+        model_version_status=[
+            {"version": str(v), "state": "AVAILABLE", "status": {"error_code": "OK", "error_message": ""}} for v in shown
+        ]
+    )
+
+
+@bp.get("/<model:name>/metadata")
+@bp.get("/<model:name>/versions/<int:version>/metadata")
+def metadata(name, version=None):
+    meta = _meta(name, version)
+    return jsonify(
+        model_spec={"name": name, "signature_name": "", "version": str(version if version is not None else meta["version"])},
+        metadata={"signature_def": {"signature_def": meta["signature_defs"]}},
+    )
+
+
+@bp.post("/<model:name>:predict")
+@bp.post("/<model:name>/versions/<int:version>:predict")
+def predict(name, version=None):
+    meta = _meta(name, version)
+    body = request.get_json(silent=True, force=True)
+    if not isinstance(body, dict):
+        raise ApiError("the body is not a valid JSON object")
+    signature_name = body.get("signature_name") or SIGNATURE_PIXELS
+    if not isinstance(signature_name, str):
+        raise ApiError("signature_name must be a string")
+    signature_def = meta["signature_defs"].get(signature_name)
+    if signature_def is None:
+        raise ApiError(f"Serving signature name: {signature_name!r} not found in signature def")
+    row_format = "instances" in body
+    if row_format == ("inputs" in body):
+        raise ApiError('send exactly one of "instances" (row format) or "inputs" (columnar format)')
+    inputs = _parse_inputs(body["instances"] if row_format else body["inputs"], row_format, signature_def)
+    outputs = cls.backend().run(signature_name, inputs, version)
+    outputs = {key: _jsonable(key, np.asarray(value)) for key, value in outputs.items()}
+    if row_format:
+        return jsonify(predictions=_rows(outputs))
+    return jsonify(outputs=outputs if len(outputs) > 1 else next(iter(outputs.values())))
+
+
+def _is_b64(value):
+    return isinstance(value, dict) and set(value) == {"b64"}
+
+
+def _parse_inputs(value, row_format, signature_def):
+    specs = signatures.tensor_specs(signature_def)
+    if row_format:
+        if not isinstance(value, list) or not value:
+            raise ApiError('"instances" must be a non-empty list')
+        if all(isinstance(row, dict) and not _is_b64(row) for row in value):
+            columns = {}
+            for key in specs:
+                if any(key not in row for row in value):
+                    raise ApiError(f"every instance must have input {key!r}")
+                columns[key] = [row[key] for row in value]
+            extra = {k for row in value for k in row} - set(specs)
+            if extra:
+                raise ApiError(f"unknown inputs {sorted(extra)}; the signature takes {sorted(specs)}")
+        elif len(specs) == 1:
+            columns = {next(iter(specs)): value}
+        else:
+            raise ApiError(f"the signature takes several inputs {sorted(specs)}: give each instance as an object")
+    elif isinstance(value, dict) and not _is_b64(value):
+        columns = value
+        if set(columns) != set(specs):
+            raise ApiError(f"the signature takes inputs {sorted(specs)}, got {sorted(columns)}")
+    elif len(specs) == 1:
+        columns = {next(iter(specs)): value}
+    else:
+        raise ApiError(f"the signature takes several inputs {sorted(specs)}: give \"inputs\" as an object")
+    return {key: _to_array(key, columns[key], specs[key][0]) for key in specs}
+
+
+def _to_array(key, value, dtype):
+    if dtype is object:
+        try:
+            array = np.array(_strings(value), dtype=object)
+        except ValueError as e:
+            raise ApiError(f"input {key!r}: {e}") from None
+        return array
+    try:
+        array = np.asarray(value)
+    except ValueError:
+        raise ApiError(f"input {key!r} is ragged or not a tensor of numbers") from None
+    target = np.dtype(dtype or np.float32)
+    if array.size == 0:
+        return array.astype(target)
+    kind = array.dtype.kind
+    if target.kind in "iu":
+        if kind not in "iu":
+            raise ApiError(f"input {key!r} must hold integers ({target.name}), got {_kind_name(kind)}")
+        info = np.iinfo(target)
+        if array.min() < info.min or array.max() > info.max:
+            raise ApiError(f"input {key!r} has values outside the {target.name} range {info.min}..{info.max}")
+    elif target.kind == "f" and kind not in "iuf":
+        raise ApiError(f"input {key!r} must hold numbers ({target.name}), got {_kind_name(kind)}")
+    elif target.kind == "b" and kind != "b":
+        raise ApiError(f"input {key!r} must hold booleans, got {_kind_name(kind)}")
+    return array.astype(target, copy=False)
+
+
+def _kind_name(kind):
+    return {"f": "floats", "U": "strings", "O": "mixed values", "b": "booleans", "i": "integers", "u": "integers"}.get(
+        kind, "other values"
+    )
+
+
+def _strings(value):
+    if isinstance(value, list):
+        return [_strings(v) for v in value]
+    if _is_b64(value):
+        try:
+            return base64.b64decode(value["b64"], validate=True)
+        except (binascii.Error, ValueError, TypeError):
+            raise ValueError("a b64 value is not valid base64") from None
+    if isinstance(value, str):
+        return value.encode()
+    raise ValueError(f"string inputs take strings or {{\"b64\": ...}}, got {type(value).__name__}")
+
+
+def _jsonable(key, array):
+    """One output as TF Serving writes it: strings as text, or ``{"b64"}`` when the key ends in ``_bytes``."""
+    if array.dtype == object or array.dtype.kind in "SU":
+        if key.endswith("_bytes"):
+            leaf = lambda v: {"b64": base64.b64encode(v if isinstance(v, bytes) else str(v).encode()).decode()}  # noqa: E731
+        else:
+            leaf = lambda v: v.decode("utf-8", "replace") if isinstance(v, bytes) else str(v)  # noqa: E731
+        return _map(array.tolist(), leaf)
+    if array.dtype == np.float32:
+        return cls.float32_list(array)
+    return array.tolist()
+
+
+def _map(value, fn):
+    return [_map(v, fn) for v in value] if isinstance(value, list) else fn(value)
+
+
+def _rows(outputs):
+    """Row format: one entry per example; a dict of outputs, or the bare value for a single output."""
+    lengths = {len(v) if isinstance(v, list) else -1 for v in outputs.values()}
+    if len(lengths) != 1 or -1 in lengths:
+        raise ApiError("the outputs have different batch sizes; ask for the columnar format (\"inputs\")")
+    (n,) = lengths
+    if len(outputs) == 1:
+        return next(iter(outputs.values()))
+    return [{key: value[i] for key, value in outputs.items()} for i in range(n)]

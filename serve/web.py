@@ -1,0 +1,41 @@
+"""``/``: an upload form that works without JavaScript, and the page of results."""
+
+from flask import Blueprint, current_app, render_template, request
+
+from serve import classify as cls
+from serve import images as imaging
+from serve.backends import BackendError
+
+bp = Blueprint("web", __name__)
+
+
+@bp.get("/")
+def index():
+    return render_template("index.html", top_k=current_app.config["TOP_K"])
+
+
+@bp.post("/")
+def upload():
+    default_k = current_app.config["TOP_K"]
+    try:
+        top_k = cls.parse_top_k(request.form.get("top_k"), default_k)
+    except ValueError as e:
+        return render_template("index.html", top_k=default_k, error=str(e)), 400
+    uploads = [(f.filename or key, f.read()) for key in request.files for f in request.files.getlist(key)]
+    uploads = [(name, data) for name, data in uploads if name or data]  # an empty file input sends one blank part
+    if not uploads:
+        return render_template("index.html", top_k=top_k, error="Choose one or more image files first."), 400
+    try:
+        meta, slots = cls.classify(uploads, top_k)
+    except BackendError as e:
+        return render_template("index.html", top_k=top_k, error=f"The model is not available: {e}"), e.status
+    for slot in slots:
+        if "data" in slot:
+            slot["data_url"] = imaging.data_url(slot.pop("data"), slot["format"])
+    status = 200 if any("error" not in s for s in slots) else slots[0]["status"]
+    return render_template("index.html", top_k=top_k, results=slots, model=cls.model_info(meta)), status
+
+
+def render_error(message, status):
+    """The form page with ``message`` on it (used for a 413 on the form)."""
+    return render_template("index.html", top_k=current_app.config["TOP_K"], error=message), status
