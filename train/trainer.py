@@ -33,7 +33,6 @@ from contract import IMAGE_SIZE, CHANNELS, MANIFEST_FILE, RESIZE_METHOD, WEIGHTS
 DEFAULT_DATA = "cifar10"
 DEFAULT_OUTPUT = "runs/latest"
 DEFAULT_MODEL = "seed_cnn"
-DEFAULT_BATCH_SIZE = 128  # per replica, as the seed tutorial (128 x 8 TPU cores)
 DEFAULT_PROBE_SEED = 20180921
 TPU_STEPS_PER_EXECUTION = 32  # amortises host round trips on a TPU
 MANIFEST_FORMAT = 1
@@ -49,7 +48,7 @@ class Config:
     output: str = DEFAULT_OUTPUT
     model: str = DEFAULT_MODEL
     epochs: int = None  # None: the model's recipe
-    batch_size: int = DEFAULT_BATCH_SIZE
+    batch_size: int = None  # per replica; None: the recipe's (128 for seed_cnn, as the seed tutorial)
     learning_rate: float = None  # None: the recipe's rate, scaled to the global batch
     schedule: str = None
     augment: bool = None
@@ -112,7 +111,8 @@ def run(config, strategy=None, splits=None):
     schedule = config.schedule or recipe.schedule
     label_smoothing = recipe.label_smoothing if config.label_smoothing is None else config.label_smoothing
     replicas = strategy.num_replicas_in_sync
-    global_batch = config.batch_size * replicas
+    batch_size = config.batch_size or recipe.batch_size
+    global_batch = batch_size * replicas
     steps_per_epoch = len(splits.x_train) // global_batch
     if steps_per_epoch < 1:
         raise UsageError(f"{len(splits.x_train)} training images are fewer than one global batch of {global_batch}")
@@ -217,7 +217,7 @@ def run(config, strategy=None, splits=None):
             "strategy": type(strategy).__name__,
             "hardware": hardware,
             "replicas": replicas,
-            "batch_size_per_replica": config.batch_size,
+            "batch_size_per_replica": batch_size,
             "global_batch": global_batch,
             "precision": precision,
             "epochs": epochs,
@@ -360,8 +360,9 @@ def build_parser():
     p.add_argument("--output", default=DEFAULT_OUTPUT, help="run directory for weights, manifest, logs (default: %(default)s)")
     p.add_argument("--model", default=DEFAULT_MODEL, help="registered model name (default: %(default)s)")
     p.add_argument("--epochs", type=_positive_int, help="passes over the training set (default: the model's recipe)")
-    p.add_argument("--batch-size", type=_positive_int, default=DEFAULT_BATCH_SIZE,
-                   help="images per replica per step; the global batch is this times the replicas (default: %(default)s)")
+    p.add_argument("--batch-size", type=_positive_int,
+                   help="images per replica per step; the global batch is this times the replicas "
+                        "(default: the recipe's, 128 for seed_cnn as in the seed tutorial)")
     p.add_argument("--learning-rate", type=float,
                    help="peak learning rate (default: the recipe's, scaled to the global batch)")
     p.add_argument("--schedule", choices=("constant", "onecycle"), help="learning-rate schedule (default: the recipe's)")
@@ -389,7 +390,9 @@ def main(argv=None):
         learning_rate=args.learning_rate, schedule=args.schedule, augment=args.augment,
         label_smoothing=args.label_smoothing, precision=args.precision, tpu=args.tpu,
         steps_per_execution=args.steps_per_execution, profile_steps=args.profile_steps, seed=args.seed,
-        overwrite=args.overwrite, verbose=0 if args.quiet else 1,
+        overwrite=args.overwrite,
+        # A progress bar on a terminal; one line per epoch in a log file.
+        verbose=0 if args.quiet else (1 if sys.stdout.isatty() else 2),
     )
     try:
         run(config)
