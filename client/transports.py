@@ -8,7 +8,9 @@ ready model, and ``info()`` the model's name, version, classes and signatures. T
 server refused a whole request. None of them imports TensorFlow.
 """
 
+import array
 import base64
+import sys
 
 import contract
 
@@ -176,6 +178,17 @@ def _tfs_result(probabilities, class_id, top_k, names):
     }
 
 
+def _numbers(tensor, field, typecode):
+    """A TensorProto's values: TF Serving packs them into ``tensor_content`` (little-endian) or a ``*_val`` field."""
+    if tensor.tensor_content:
+        values = array.array(typecode)
+        values.frombytes(tensor.tensor_content)
+        if sys.byteorder != "little":
+            values.byteswap()
+        return values.tolist()
+    return list(getattr(tensor, field))
+
+
 class TFServingGrpcTransport:
     """TF Serving's gRPC ``PredictionService``/``ModelService``, through the vendored protos."""
 
@@ -214,8 +227,8 @@ class TFServingGrpcTransport:
         tensor.tensor_shape.dim.add().size = len(batch)
         tensor.string_val.extend(data for _, data in batch)
         outputs = self._call(self.predictions.Predict, request).outputs
-        probabilities = list(outputs[contract.OUTPUT_PROBABILITIES].float_val)
-        class_ids = list(outputs[contract.OUTPUT_CLASS_IDS].int64_val)
+        probabilities = _numbers(outputs[contract.OUTPUT_PROBABILITIES], "float_val", "f")
+        class_ids = _numbers(outputs[contract.OUTPUT_CLASS_IDS], "int64_val", "q")
         class_names = [n.decode("utf-8") for n in outputs[contract.OUTPUT_CLASS_NAMES].string_val]
         self.names.update(zip(class_ids, class_names))
         width = len(probabilities) // max(len(batch), 1)

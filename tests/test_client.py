@@ -7,6 +7,7 @@ import sys
 
 import pytest
 
+import contract
 import synthetic
 from client import cli, transports
 from live_server import free_port, live_server  # noqa: F401  (imported for its fixture)
@@ -53,12 +54,33 @@ def run_json(capsys, args):
     return code, [json.loads(line) for line in out.splitlines()], err
 
 
-def assert_mostly_right(results, truth):
-    right = sum(r["label"] == truth[r["file"]] for r in results)
-    assert right >= 0.8 * len(truth), results
+@pytest.fixture(scope="module")
+def model_says(model_base):
+    """{path: (label, probability)} from the SavedModel itself: what the client must report.
+
+    The tiny test model is not always right, so the reference is the model, not the file name.
+    """
+    import tensorflow as tf
+
+    signature = tf.saved_model.load(str(model_base / "1")).signatures[contract.SIGNATURE_BYTES]
+
+    def says(paths):
+        data = [open(p, "rb").read() for p in paths]
+        out = signature(**{contract.INPUT_BYTES: tf.constant(data)})
+        names = [n.decode() for n in out[contract.OUTPUT_CLASS_NAMES].numpy()]
+        best = out[contract.OUTPUT_PROBABILITIES].numpy().max(axis=1)
+        return dict(zip(paths, zip(names, best.tolist())))
+
+    return says
 
 
-def test_table_shows_file_label_probability_and_top_k(live_server, tmp_path, capsys):  # noqa: F811
+def assert_right(results, expected):
+    assert {r["file"]: r["label"] for r in results} == {p: label for p, (label, _) in expected.items()}
+    for r in results:
+        assert r["probability"] == pytest.approx(expected[r["file"]][1], abs=1e-4)
+
+
+def test_table_shows_file_label_probability_and_top_k(live_server, model_says, tmp_path, capsys):  # noqa: F811
     truth = write_images(tmp_path)
     code = cli.main(["predict", *truth, "--url", live_server])
     out, err = capsys.readouterr()
@@ -66,24 +88,23 @@ def test_table_shows_file_label_probability_and_top_k(live_server, tmp_path, cap
     header, *rows = out.splitlines()
     assert header.split()[:3] == ["FILE", "LABEL", "PROBABILITY"] and "TOP-3" in header
     assert len(rows) == len(truth)
-    right = 0
+    expected = model_says(list(truth))
     for row in rows:
         path, label, probability, *top = row.split()
         assert path in truth and label in synthetic.CLASS_NAMES
         assert 0.0 < float(probability) <= 1.0
         assert top[0] == label  # the best of the top-k is the label itself
         assert len(top) == 2 * 3  # three "label probability," pairs
-        right += label == truth[path]
-    assert right >= 0.8 * len(truth)
+        assert label == expected[path][0]
 
 
 @pytest.mark.parametrize("via", VIAS)
-def test_json_gives_one_object_per_image_with_the_right_labels(via, urls, tmp_path, capsys):
+def test_json_gives_one_object_per_image_with_the_right_labels(via, urls, model_says, tmp_path, capsys):
     truth = write_images(tmp_path)
     code, results, err = run_json(capsys, [*truth, "--via", via, "--url", urls[via], "--top-k", "2"])
     assert code == 0, err
     assert [r["file"] for r in results] == list(truth)
-    assert_mostly_right(results, truth)
+    assert_right(results, model_says(list(truth)))
     for r in results:
         assert [t["probability"] for t in r["top_k"]] == sorted((t["probability"] for t in r["top_k"]), reverse=True)
         assert len(r["top_k"]) == 2
@@ -120,7 +141,7 @@ def test_directories_are_walked_and_globs_expanded(live_server, tmp_path, capsys
 
 
 @pytest.mark.parametrize("via", ("api", "tfserving-grpc"))
-def test_many_files_are_sent_in_batches(via, urls, tmp_path, capsys, monkeypatch):
+def test_many_files_are_sent_in_batches(via, urls, model_says, tmp_path, capsys, monkeypatch):
     truth = write_images(tmp_path, per_class=3)  # 9 images
     transport = {"api": transports.ApiTransport, "tfserving-grpc": transports.TFServingGrpcTransport}[via]
     sizes = []
@@ -134,8 +155,7 @@ def test_many_files_are_sent_in_batches(via, urls, tmp_path, capsys, monkeypatch
     code, results, err = run_json(capsys, [str(tmp_path), "--via", via, "--url", urls[via], "--batch-size", "4"])
     assert code == 0, err
     assert sizes == [4, 4, 1]
-    assert len(results) == len(truth)
-    assert_mostly_right(results, truth)
+    assert_right(results, model_says(sorted(truth)))
 
 
 def test_progress_bar_when_forced(live_server, tmp_path, capsys):  # noqa: F811
@@ -252,7 +272,7 @@ def run_client(args, env=None, cwd=REPO):
     return subprocess.run([sys.executable, "-m", "client", *args], env=env, cwd=cwd, capture_output=True, text=True, timeout=60)
 
 
-def test_python_m_client_predicts_without_tensorflow_on_every_transport(urls, tmp_path):
+def test_python_m_client_predicts_without_tensorflow_on_every_transport(urls, model_says, tmp_path):
     truth = write_images(tmp_path / "images", per_class=1)
     blocker = tmp_path / "blocker" / "tensorflow"
     blocker.mkdir(parents=True)
@@ -264,8 +284,7 @@ def test_python_m_client_predicts_without_tensorflow_on_every_transport(urls, tm
         done = run_client(["predict", str(tmp_path / "images"), "--json", "--via", via, "--url", urls[via]], env=env)
         assert done.returncode == 0, (via, done.stderr)
         results = [json.loads(line) for line in done.stdout.splitlines()]
-        assert sorted(r["file"] for r in results) == sorted(truth)
-        assert_mostly_right(results, truth)
+        assert_right(results, model_says(sorted(truth)))
 
 
 def test_python_m_client_exit_codes_and_one_line_errors(live_server, tmp_path):  # noqa: F811
