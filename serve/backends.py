@@ -72,7 +72,10 @@ class LocalBackend:
         self._state = None  # dict once loaded
         self._error = None
         self._tried_at = None
-        self._load()
+        try:
+            self._load()  # now, so the first request does not wait; readyz reports a failure
+        except BackendError:
+            pass
 
     # -- loading -----------------------------------------------------------------------
     def _load(self):

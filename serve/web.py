@@ -21,8 +21,9 @@ def upload():
         top_k = cls.parse_top_k(request.form.get("top_k"), default_k)
     except ValueError as e:
         return render_template("index.html", top_k=default_k, error=str(e)), 400
-    uploads = [(f.filename or key, f.read()) for key in request.files for f in request.files.getlist(key)]
-    uploads = [(name, data) for name, data in uploads if name or data]  # an empty file input sends one blank part
+    # A file input left empty still sends one part, with no name and no bytes.
+    files = [f for key in request.files for f in request.files.getlist(key)]
+    uploads = [(f.filename, data) for f in files if (data := f.read()) or f.filename]
     if not uploads:
         return render_template("index.html", top_k=top_k, error="Choose one or more image files first."), 400
     try:
