@@ -72,14 +72,28 @@ class LocalBackend:
         self._state = None  # dict once loaded
         self._error = None
         self._tried_at = None
+        # Load in the background: the worker answers /healthz and /readyz (503) meanwhile
+        # instead of leaving connections hanging while TensorFlow starts.
+        self._loader = threading.Thread(target=self._load_quietly, name="model-loader", daemon=True)
+        self._loader.start()
+
+    def wait_loaded(self, timeout=None):
+        """Block until the first load attempt has finished (for tests and tools)."""
+        self._loader.join(timeout)
+
+    def _load_quietly(self):
         try:
-            self._load()  # now, so the first request does not wait; readyz reports a failure
+            self._load()
         except BackendError:
-            pass
+            pass  # kept in self._error; readyz reports it
 
     # -- loading -----------------------------------------------------------------------
-    def _load(self):
-        with self._lock:
+    def _load(self, wait=True):
+        if self._state is not None:
+            return self._state
+        if not self._lock.acquire(blocking=wait):
+            raise BackendError(f"the model in {self.model_dir} is still loading")
+        try:
             if self._state is not None:
                 return self._state
             if self._tried_at is not None and time.monotonic() - self._tried_at < RELOAD_INTERVAL_S:
@@ -94,6 +108,8 @@ class LocalBackend:
             except Exception as e:  # a broken SavedModel must not take the worker down
                 self._error = f"cannot load the model from {self.model_dir}: {type(e).__name__}: {e}"
             raise BackendError(self._error)
+        finally:
+            self._lock.release()
 
     def _load_unlocked(self):
         import tensorflow as tf
@@ -160,7 +176,7 @@ class LocalBackend:
         return {key: value.numpy() for key, value in outputs.items()}
 
     def ready(self):
-        state = self._load()
+        state = self._load(wait=False)
         outputs = self.predict(probe_batch())
         if outputs[OUTPUT_PROBABILITIES].shape[0] != 1:
             raise BackendError("the probe prediction returned the wrong batch size")

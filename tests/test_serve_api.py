@@ -20,6 +20,7 @@ def app(model_base):
     from serve import create_app
 
     app = create_app({"TESTING": True, "MODEL_DIR": str(model_base), "MODEL_NAME": "cifar10", "MAX_UPLOAD_MB": 1})
+    app.extensions["serve.backend"].wait_loaded()
     yield app
     app.extensions["serve.backend"].close()
 
@@ -423,6 +424,7 @@ def test_not_ready_without_a_model(tmp_path, samples):
     from serve import create_app
 
     app = create_app({"TESTING": True, "MODEL_DIR": str(tmp_path / "missing"), "MODEL_NAME": "cifar10"})
+    app.extensions["serve.backend"].wait_loaded()
     client = app.test_client()
     assert client.get("/healthz").status_code == 200
     ready = client.get("/readyz")
