@@ -1,0 +1,124 @@
+"""The TF Serving backends (REST and gRPC) against the TF Serving stand-in."""
+
+import io
+import time
+
+import numpy as np
+import pytest
+
+import contract
+import synthetic
+from tfserving_standin import tfserving  # noqa: F401  (imported for its fixture)
+
+TIMEOUT_S = 1.5
+BACKENDS = ("tfserving-rest", "tfserving-grpc")
+
+
+def _config(kind, standin, model_base):
+    return {
+        "TESTING": True,
+        "BACKEND": kind,
+        "MODEL_NAME": "cifar10",
+        "MODEL_DIR": str(model_base),  # only for the manifest (architecture, class names)
+        "TFSERVING_REST_URL": standin.rest_url,
+        "TFSERVING_GRPC_TARGET": standin.grpc_target,
+        "TFSERVING_TIMEOUT_S": TIMEOUT_S,
+    }
+
+
+@pytest.fixture(scope="module")
+def local_client(model_base):
+    from serve import create_app
+
+    app = create_app({"TESTING": True, "MODEL_DIR": str(model_base), "MODEL_NAME": "cifar10"})
+    app.extensions["serve.backend"].wait_loaded()
+    return app.test_client()
+
+
+@pytest.fixture(scope="module", params=BACKENDS)
+def remote(request, tfserving, model_base):  # noqa: F811
+    from serve import create_app
+
+    app = create_app(_config(request.param, tfserving, model_base))
+    yield request.param, app.test_client(), tfserving
+    app.extensions["serve.backend"].close()
+
+
+def _files(images):
+    return {"file": [(io.BytesIO(synthetic.encode(image)), f"{i}.png") for i, image in enumerate(images)]}
+
+
+def test_predictions_equal_local(remote, local_client):
+    kind, client, _ = remote
+    images, _ = synthetic.make_images(3, seed=21)
+    ours = client.post("/api/v1/predict", data=_files(images))
+    local = local_client.post("/api/v1/predict", data=_files(images))
+    assert ours.status_code == local.status_code == 200
+    ours, local = ours.get_json(), local.get_json()
+    assert ours["model"] == local["model"] == {"name": "cifar10", "version": 1, "architecture": "seed_cnn"}
+    for a, b in zip(ours["predictions"], local["predictions"]):
+        assert a["label"] == b["label"] and a["class_id"] == b["class_id"]
+        assert [t["class_id"] for t in a["top_k"]] == [t["class_id"] for t in b["top_k"]]
+        assert a["probability"] == pytest.approx(b["probability"], abs=1e-5)
+
+
+def test_model_info_and_tfserving_routes(remote, local_client):
+    kind, client, _ = remote
+    info = client.get("/api/v1/model").get_json()
+    local = local_client.get("/api/v1/model").get_json()
+    assert info["backend"] == kind
+    for key in ("name", "version", "architecture", "class_names", "signatures"):
+        assert info[key] == local[key], key
+    assert client.get("/readyz").status_code == 200
+    assert client.get("/v1/models/cifar10").get_json() == local_client.get("/v1/models/cifar10").get_json()
+    images, _ = synthetic.make_images(1, seed=4)
+    body = {"signature_name": contract.SIGNATURE_PIXELS, "inputs": {contract.INPUT_PIXELS: images.tolist()}}
+    ours = client.post("/v1/models/cifar10/versions/1:predict", json=body)
+    theirs = local_client.post("/v1/models/cifar10/versions/1:predict", json=body)
+    assert ours.status_code == theirs.status_code == 200
+    a, b = ours.get_json()["outputs"], theirs.get_json()["outputs"]
+    assert a[contract.OUTPUT_CLASS_NAMES] == b[contract.OUTPUT_CLASS_NAMES]
+    assert np.allclose(a[contract.OUTPUT_PROBABILITIES], b[contract.OUTPUT_PROBABILITIES], atol=1e-5)
+    bad = client.post("/v1/models/cifar10:predict", json={"instances": [[1, 2, 3]]})
+    assert bad.status_code == 400 and bad.get_json()["error"]
+    assert client.post("/v1/models/cifar10/versions/9:predict", json=body).status_code == 404
+
+
+def test_down_gives_503_within_timeout_then_recovers(remote):
+    kind, client, standin = remote
+    images, _ = synthetic.make_images(1, seed=2)
+    assert client.post("/api/v1/predict", data=_files(images[:1])).status_code == 200
+    standin.stop()
+    try:
+        started = time.monotonic()
+        response = client.post("/api/v1/predict", data=_files(images[:1]))
+        elapsed = time.monotonic() - started
+        assert response.status_code == 503
+        assert "TF Serving" in response.get_json()["error"]
+        assert elapsed < TIMEOUT_S * 2 + 1
+        ready = client.get("/readyz")
+        assert ready.status_code == 503 and ready.get_json()["error"]
+    finally:
+        standin.start()
+    deadline = time.monotonic() + 15
+    while client.get("/readyz").status_code != 200:
+        assert time.monotonic() < deadline, "did not recover after TF Serving came back"
+        time.sleep(0.2)
+    assert client.post("/api/v1/predict", data=_files(images[:1])).status_code == 200
+
+
+def test_slow_tfserving_gives_503_within_timeout(remote):
+    kind, client, standin = remote
+    images, _ = synthetic.make_images(1, seed=2)
+    standin.delay_s = TIMEOUT_S * 3
+    try:
+        started = time.monotonic()
+        response = client.post("/api/v1/predict", data=_files(images[:1]))
+        elapsed = time.monotonic() - started
+    finally:
+        standin.delay_s = 0.0
+    assert response.status_code == 503
+    assert "within" in response.get_json()["error"]
+    assert elapsed < TIMEOUT_S + 1.5
+    time.sleep(TIMEOUT_S * 2)  # let the stand-in finish the slow call
+    assert client.post("/api/v1/predict", data=_files(images[:1])).status_code == 200
