@@ -32,7 +32,7 @@ def trained_run(tmp_path_factory, splits):
 
     output = tmp_path_factory.mktemp("run")
     trainer.run(
-        trainer.Config(output=str(output), epochs=3, batch_size=32, precision="float32", tpu="none", verbose=0),
+        trainer.Config(output=str(output), epochs=4, batch_size=16, precision="float32", tpu="none", verbose=0),
         splits=splits,
     )
     return output

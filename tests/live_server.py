@@ -36,10 +36,10 @@ def start_server(model_dir, extra_env=None, args=()):
         if process.poll() is not None:
             raise RuntimeError(f"server exited with code {process.returncode} before it was ready")
         try:
-            if requests.get(f"{url}/readyz", timeout=2).status_code == 200:
+            if requests.get(f"{url}/readyz", timeout=10).status_code == 200:
                 return process, url
-        except requests.ConnectionError:
-            pass
+        except (requests.ConnectionError, requests.Timeout):
+            pass  # not listening yet, or still loading the model
         time.sleep(0.5)
     process.kill()
     raise RuntimeError(f"server not ready within {STARTUP_TIMEOUT_S} s")

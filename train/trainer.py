@@ -90,15 +90,15 @@ def run(config, strategy=None, splits=None):
         return manifest
 
     # Everything that can fail on bad input happens before anything is written.
-    if splits is None:
-        try:
-            splits = data.load(config.data)
-        except data.DataError as exc:
-            raise UsageError(str(exc)) from None
     if strategy is None:
         try:
             strategy = accelerators.select_strategy(config.tpu)
         except accelerators.AcceleratorError as exc:
+            raise UsageError(str(exc)) from None
+    if splits is None:
+        try:
+            splits = data.load(config.data)
+        except data.DataError as exc:
             raise UsageError(str(exc)) from None
     hardware = accelerators.kind(strategy)
     try:

@@ -1,0 +1,353 @@
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+
+import synthetic
+from contract import MANIFEST_FILE, WEIGHTS_FILE
+from train import accelerators, data, models, report, trainer
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+# --- the models -------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("name", models.model_names())
+def test_model_outputs_probabilities_for_raw_pixels(name):
+    import keras
+
+    model = models.build_model(name, num_classes=7)
+    probabilities = model(models.probe_batch(1, count=4).astype("float32"), training=False).numpy()
+    assert probabilities.shape == (4, 7)
+    np.testing.assert_allclose(probabilities.sum(axis=1), 1.0, rtol=1e-5)
+    assert all(not layer.name.startswith(("input_layer", "conv2d", "dense")) for layer in model.layers), (
+        "every layer has a chosen name, not an auto-generated one"
+    )
+    assert model.input_shape == (None, 32, 32, 3)
+    assert isinstance(model, keras.Model)
+
+
+def test_seed_cnn_is_the_tutorial_network_layer_for_layer():
+    model = models.build_model("seed_cnn", num_classes=10)
+    kinds = [type(layer).__name__ for layer in model.layers]
+    assert kinds == [
+        "InputLayer", "BatchNormalization", "Conv2D", "Conv2D", "MaxPooling2D", "Dropout",
+        "BatchNormalization", "Conv2D", "Conv2D", "MaxPooling2D", "Dropout",
+        "Flatten", "Dense", "Dropout", "Dense",
+    ]
+    convs = [layer for layer in model.layers if type(layer).__name__ == "Conv2D"]
+    assert [(c.filters, c.padding) for c in convs] == [(32, "same"), (32, "same"), (64, "same"), (64, "valid")]
+    assert model.count_params() == 1_676_982  # the tutorial's summary, plus the input BatchNormalization
+
+
+def test_output_stays_float32_under_mixed_precision():
+    import keras
+
+    keras.mixed_precision.set_global_policy("mixed_bfloat16")
+    try:
+        for name in models.model_names():
+            model = models.build_model(name, num_classes=3)
+            assert model.layers[1].compute_dtype == "bfloat16"
+            assert model.output.dtype == "float32"
+            assert all(w.dtype == "float32" for w in model.weights), "variables stay float32"
+    finally:
+        keras.mixed_precision.set_global_policy("float32")
+
+
+def test_unknown_model_names_the_known_ones():
+    with pytest.raises(ValueError, match="known models: resnet9, seed_cnn"):
+        models.build_model("vgg", num_classes=10)
+
+
+def test_probe_batch_is_deterministic():
+    np.testing.assert_array_equal(models.probe_batch(7), models.probe_batch(7))
+    assert not np.array_equal(models.probe_batch(7), models.probe_batch(8))
+
+
+# --- loaders ----------------------------------------------------------------------------
+
+
+def test_folder_zip_and_tarball_load_the_same_images(tmp_path, splits):
+    folder = data.load(str(synthetic.write_tree(tmp_path / "tree", splits)))
+    archive = data.load(str(synthetic.write_zip(tmp_path / "data.zip", splits)))
+    tarball = data.load(str(synthetic.write_cifar_binary(tmp_path / "cifar-10-binary.tar.gz", splits)))
+    for loaded in (folder, archive):
+        assert loaded.class_names == sorted(synthetic.CLASS_NAMES)
+    assert tarball.class_names == list(synthetic.CLASS_NAMES)  # batches.meta.txt order
+    # PNG is lossless, so every loader gives back exactly the images written (in its own order).
+    for loaded in (folder, archive, tarball):
+        assert loaded.x_train.shape == splits.x_train.shape and loaded.x_train.dtype == np.uint8
+        assert loaded.x_test.shape == splits.x_test.shape
+        for x, y, original_x, original_y in (
+            (loaded.x_train, loaded.y_train, splits.x_train, splits.y_train),
+            (loaded.x_test, loaded.y_test, splits.x_test, splits.y_test),
+        ):
+            names = [loaded.class_names[i] for i in y]
+            original_names = [splits.class_names[i] for i in original_y]
+            got = sorted((n, img.tobytes()) for n, img in zip(names, x))
+            want = sorted((n, img.tobytes()) for n, img in zip(original_names, original_x))
+            assert got == want
+
+
+def test_zip_with_a_wrapping_folder(tmp_path, splits):
+    import zipfile
+
+    path = tmp_path / "wrapped.zip"
+    with zipfile.ZipFile(path, "w") as archive:
+        for i, (image, label) in enumerate(zip(splits.x_train[:6], splits.y_train[:6])):
+            archive.writestr(f"mydata/train/{splits.class_names[label]}/{i}.png", synthetic.encode(image))
+            archive.writestr(f"mydata/test/{splits.class_names[label]}/{i}.png", synthetic.encode(image))
+    loaded = data.load(str(path))
+    assert len(loaded.x_train) == 6 and loaded.num_classes == len(set(splits.y_train[:6].tolist()))
+
+
+def test_any_size_and_mode_becomes_32x32_rgb(tmp_path):
+    from PIL import Image
+
+    rng = np.random.default_rng(0)
+    variants = {
+        "gray.png": Image.fromarray(rng.integers(0, 255, (40, 50), dtype=np.uint8), "L"),
+        "rgba.png": Image.fromarray(rng.integers(0, 255, (20, 20, 4), dtype=np.uint8), "RGBA"),
+        "palette.gif": Image.fromarray(rng.integers(0, 255, (64, 64, 3), dtype=np.uint8)).convert("P"),
+        "big.jpg": Image.fromarray(rng.integers(0, 255, (96, 128, 3), dtype=np.uint8)),
+    }
+    for split in ("train", "test"):
+        for cls in ("a", "b"):
+            folder = tmp_path / split / cls
+            folder.mkdir(parents=True)
+            for name, image in variants.items():
+                image.save(folder / name)
+    loaded = data.load(str(tmp_path))
+    assert loaded.x_train.shape == (8, 32, 32, 3) and loaded.x_train.dtype == np.uint8
+
+
+def _make_tree(root, classes, per_class=2):
+    x, _ = synthetic.make_images(per_class)
+    for split in ("train", "test"):
+        for cls in classes:
+            folder = root / split / cls
+            folder.mkdir(parents=True, exist_ok=True)
+            for i in range(per_class):
+                (folder / f"{i}.png").write_bytes(synthetic.encode(x[i]))
+
+
+def _bad_data(kind, tmp_path):
+    root = tmp_path / "data"
+    if kind == "missing":
+        return str(tmp_path / "nowhere"), "does not exist"
+    if kind == "not_data":
+        (tmp_path / "notes.txt").write_text("hello")
+        return str(tmp_path / "notes.txt"), "neither a folder"
+    _make_tree(root, ["cat", "dog"])
+    if kind == "empty_class":
+        (root / "train" / "emu").mkdir()
+        (root / "test" / "emu").mkdir()
+        return str(root), "train/emu has no images"
+    if kind == "single_class":
+        root = tmp_path / "one"
+        _make_tree(root, ["cat"])
+        return str(root), "at least 2 classes"
+    if kind == "class_mismatch":
+        _make_tree(root, ["cat", "dog"])
+        (root / "test" / "dog").rename(root / "test" / "fox")
+        return str(root), "classes differ"
+    if kind == "undecodable":
+        (root / "train" / "cat" / "broken.png").write_bytes(b"\x89PNG\r\n\x1a\nthis is not a png")
+        return str(root), "cannot decode image"
+    if kind == "no_test_split":
+        import shutil
+
+        shutil.rmtree(root / "test")
+        return str(root), "no test/ folder"
+    raise AssertionError(kind)
+
+
+BAD_DATA = ["missing", "not_data", "empty_class", "single_class", "class_mismatch", "undecodable", "no_test_split"]
+
+
+@pytest.mark.parametrize("kind", BAD_DATA)
+def test_bad_data_is_one_line_and_exit_2_and_output_survives(kind, tmp_path, capsys):
+    source, message = _bad_data(kind, tmp_path)
+    output = tmp_path / "out"
+    output.mkdir()
+    (output / "precious.txt").write_text("keep me")
+    code = trainer.main(["--data", source, "--output", str(output), "--tpu", "none", "--quiet"])
+    err = capsys.readouterr().err.strip()
+    assert code == 2
+    assert err.startswith("error: ") and message in err and "\n" not in err and "Traceback" not in err
+    assert sorted(os.listdir(output)) == ["precious.txt"]
+    assert (output / "precious.txt").read_text() == "keep me"
+
+
+def test_corrupt_tarball_is_a_clear_error(tmp_path):
+    import tarfile, io  # noqa: E401
+
+    path = tmp_path / "cifar-10-binary.tar.gz"
+    with tarfile.open(path, "w:gz") as archive:
+        info = tarfile.TarInfo("cifar-10-batches-bin/data_batch_1.bin")
+        info.size = 100
+        archive.addfile(info, io.BytesIO(b"x" * 100))
+        info = tarfile.TarInfo("cifar-10-batches-bin/test_batch.bin")
+        info.size = 100
+        archive.addfile(info, io.BytesIO(b"x" * 100))
+    with pytest.raises(data.DataError, match="not whole 3073-byte CIFAR-10 records"):
+        data.load(str(path))
+
+
+def test_a_tpu_that_is_not_there_is_an_error_not_a_fallback(tmp_path, capsys):
+    _make_tree(tmp_path / "data", ["cat", "dog"])
+    code = trainer.main(["--data", str(tmp_path / "data"), "--output", str(tmp_path / "out"), "--tpu", "local", "--quiet"])
+    err = capsys.readouterr().err.strip()
+    assert code == 2
+    assert err.startswith("error: TPU 'local' is not available") and "\n" not in err
+    assert not (tmp_path / "out").exists()
+
+
+def test_bad_flags_exit_2(capsys):
+    for argv in (["--precision", "float8"], ["--profile-steps", "5"], ["--epochs", "0"]):
+        with pytest.raises(SystemExit) as exit_info:
+            trainer.main(argv)
+        assert exit_info.value.code == 2
+
+
+# --- the pipeline -----------------------------------------------------------------------
+
+
+def test_training_batches_have_static_shapes_and_augmentation_crops_and_flips():
+    import tensorflow as tf
+
+    x, y = synthetic.make_images(10)
+    ds = data.train_dataset(x, y, global_batch=8, augmentation=True, seed=1)
+    assert ds.element_spec[0].shape == (8, 32, 32, 3), "drop_remainder gives the static shape a TPU needs"
+    images = tf.constant(x[:16])
+    out = data.augment(images).numpy()
+    padded = np.pad(x[:16], [(0, 0), (4, 4), (4, 4), (0, 0)], mode="reflect")
+    for original, crop in zip(padded, out):
+        windows = [original[dy:dy + 32, dx:dx + 32] for dy in range(9) for dx in range(9)]
+        assert any(np.array_equal(crop, w) or np.array_equal(crop, w[:, ::-1]) for w in windows)
+
+
+def test_evaluation_counts_every_test_image_once():
+    x, y = synthetic.make_images(7)  # 21 images: not a multiple of the batch
+    batches = list(data.eval_dataset(x, y, global_batch=8))
+    assert all(b[0].shape[0] == 8 for b in batches)
+    weights = np.concatenate([b[2].numpy() for b in batches])
+    images = np.concatenate([b[0].numpy() for b in batches])[weights > 0]
+    assert weights.sum() == len(x)
+    np.testing.assert_array_equal(images.astype(np.uint8), x)
+
+
+def test_precision_auto():
+    assert accelerators.resolve_precision("auto", "tpu") == "mixed_bfloat16"
+    assert accelerators.resolve_precision("auto", "gpu") == "mixed_float16"
+    expected = "mixed_bfloat16" if accelerators.cpu_has_bf16() else "float32"
+    assert accelerators.resolve_precision("auto", "cpu") == expected
+    assert accelerators.resolve_precision("float32", "tpu") == "float32"
+
+
+# --- a real run -------------------------------------------------------------------------
+
+
+def test_short_real_fit_learns(trained_run):
+    manifest = json.loads((trained_run / MANIFEST_FILE).read_text())
+    assert manifest["metrics"]["test_accuracy"] > 0.8  # three classes: chance is 0.33
+    assert manifest["metrics"]["test_images"] == 48
+
+
+def test_run_directory_holds_everything_export_needs(trained_run, splits):
+    manifest = json.loads((trained_run / MANIFEST_FILE).read_text())
+    assert manifest["model"] == {"name": "seed_cnn", "kwargs": {}}
+    assert manifest["class_names"] == list(synthetic.CLASS_NAMES)
+    assert manifest["input"]["dtype"] == "uint8" and manifest["input"]["shape"] == [32, 32, 3]
+    assert manifest["training"]["epochs"] == 4 and manifest["training"]["global_batch"] == 16
+    assert set(manifest["versions"]) >= {"tensorflow", "keras", "python"}
+    for path in ("eval/metrics.json", "eval/confusion.png", "history.csv", "curves.png", "logs", WEIGHTS_FILE):
+        assert (trained_run / path).exists(), path
+    assert not (trained_run / "backup").exists(), "the backup is removed once training finishes"
+    assert [r["epoch"] for r in report.read_history(str(trained_run / "history.csv"))] == [0, 1, 2, 3]
+    metrics = json.loads((trained_run / "eval" / "metrics.json").read_text())
+    assert np.asarray(metrics["confusion_matrix"]).sum() == len(splits.x_test)
+    assert set(metrics["per_class_accuracy"]) == set(synthetic.CLASS_NAMES)
+
+
+def test_weights_reproduce_the_fingerprint(trained_run):
+    manifest = json.loads((trained_run / MANIFEST_FILE).read_text())
+    model = models.build_model("seed_cnn", num_classes=3)
+    model.load_weights(str(trained_run / WEIGHTS_FILE))
+    probe = models.probe_batch(manifest["fingerprint"]["seed"])
+    outputs = model(probe.astype("float32"), training=False).numpy()
+    np.testing.assert_allclose(outputs, manifest["fingerprint"]["outputs"], atol=1e-6)
+
+
+def test_rerunning_a_finished_run_keeps_it(trained_run, capsys):
+    before = (trained_run / WEIGHTS_FILE).read_bytes()
+    manifest = trainer.run(trainer.Config(output=str(trained_run), tpu="none", verbose=1))
+    assert "already holds a finished run" in capsys.readouterr().out
+    assert (trained_run / WEIGHTS_FILE).read_bytes() == before
+    assert manifest["model"]["name"] == "seed_cnn"
+
+
+def test_mirrored_strategy_weights_load_into_a_plain_cpu_model(tmp_path, splits):
+    import keras
+    import tensorflow as tf
+
+    strategy = tf.distribute.MirroredStrategy([f"/cpu:{i}" for i in range(8)])
+    assert strategy.num_replicas_in_sync == 8
+    manifest = trainer.run(
+        trainer.Config(output=str(tmp_path), epochs=1, batch_size=8, precision="mixed_bfloat16", verbose=0),
+        strategy=strategy, splits=splits,
+    )
+    assert manifest["training"]["replicas"] == 8
+    assert manifest["training"]["global_batch"] == 64
+    assert manifest["training"]["strategy"] == "MirroredStrategy"
+    assert manifest["training"]["steps_per_epoch"] == len(splits.x_train) // 64
+    assert keras.mixed_precision.global_policy().name == "float32", "the caller's policy is restored"
+
+    probe = models.probe_batch(3, count=16).astype("float32")
+    with strategy.scope():
+        distributed = models.build_model("seed_cnn", num_classes=3)
+    distributed.load_weights(str(tmp_path / WEIGHTS_FILE))
+    plain = models.build_model("seed_cnn", num_classes=3)
+    plain.load_weights(str(tmp_path / WEIGHTS_FILE))
+    for variable in plain.weights:
+        assert variable.dtype == "float32"
+    np.testing.assert_allclose(
+        distributed.predict(probe, batch_size=16, verbose=0), plain(probe, training=False).numpy(), atol=1e-6
+    )
+
+
+def test_killed_run_resumes_at_the_next_epoch(tmp_path):
+    """SIGKILL after two of four epochs; the same command then runs epochs 3 and 4 only."""
+    x, y = synthetic.make_images(256, seed=3)  # enough steps per epoch to kill between epochs
+    from train.data import Splits
+
+    source = synthetic.write_tree(tmp_path / "data", Splits(x, y, x[:30], y[:30], list(synthetic.CLASS_NAMES), ""))
+    output = tmp_path / "run"
+    command = [sys.executable, "-m", "train", "--data", str(source), "--output", str(output), "--epochs", "4",
+               "--batch-size", "16", "--precision", "float32", "--tpu", "none"]
+    env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"}
+    first = subprocess.Popen(command, cwd=REPO, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + 300
+    while len(report.read_history(str(output / "history.csv"))) < 2:
+        assert first.poll() is None, "the first run ended before it could be killed"
+        assert time.monotonic() < deadline
+        time.sleep(0.2)
+    first.send_signal(signal.SIGKILL)
+    first.wait()
+    assert not (output / MANIFEST_FILE).exists()
+
+    second = subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+    assert second.returncode == 0, second.stderr[-2000:]
+    epochs_run = [line.split()[1] for line in second.stdout.splitlines() if line.startswith("Epoch ")]
+    finished = len([e for e in report.read_history(str(output / "history.csv")) if e["epoch"] < 2])
+    assert finished == 2
+    assert epochs_run and epochs_run[0] in ("3/4", "4/4") and epochs_run[-1] == "4/4"
+    manifest = json.loads((output / MANIFEST_FILE).read_text())
+    assert manifest["training"]["epochs"] == 4
+    assert [r["epoch"] for r in report.read_history(str(output / "history.csv"))] == [0, 1, 2, 3]
