@@ -1,0 +1,54 @@
+#!/usr/bin/env bash
+# The main job on a fresh machine: set up, train, export, serve.
+#
+#   ./scripts/main.sh                                  # CIFAR-10 via Keras's downloader, 50 epochs
+#   CIFAR_DATA=../shared/data/cifar10-jpeg.zip EPOCHS=15 ./scripts/main.sh
+#
+# Environment overrides (defaults in brackets):
+#   CIFAR_DATA  'cifar10', a folder or .zip of train/<class>/ test/<class>/ images, or
+#               cifar-10-binary.tar.gz                                   [cifar10]
+#   MODEL       seed_cnn or resnet9                                      [seed_cnn]
+#   EPOCHS      passes over the training set                             [the model's recipe: 50 / 12]
+#   TRAIN_ARGS  any further `python -m train` flags, e.g. "--augment --schedule onecycle"
+#   RUN_DIR     training output                                          [runs/$MODEL]
+#   MODELS_DIR  SavedModel root (models/NAME/N/)                         [models]
+#   MODEL_NAME  served model name                                        [cifar10]
+#   PORT        HTTP port                                                [8000]
+# Re-running resumes an interrupted training run, skips a finished one, and exports a new
+# version only when the weights changed.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+MODEL=${MODEL:-seed_cnn}
+RUN_DIR=${RUN_DIR:-runs/$MODEL}
+MODELS_DIR=${MODELS_DIR:-models}
+MODEL_NAME=${MODEL_NAME:-cifar10}
+PORT=${PORT:-8000}
+export TF_CPP_MIN_LOG_LEVEL=${TF_CPP_MIN_LOG_LEVEL:-2}
+
+python3 -m venv .venv
+.venv/bin/python -m pip install -q --upgrade pip
+.venv/bin/python -m pip install -q -e ".[all]"
+
+echo "== train: $MODEL -> $RUN_DIR"
+# shellcheck disable=SC2086  # TRAIN_ARGS is a list of flags
+.venv/bin/python -m train --model "$MODEL" --data "${CIFAR_DATA:-cifar10}" --output "$RUN_DIR" \
+    ${EPOCHS:+--epochs "$EPOCHS"} ${TRAIN_ARGS:-}
+
+echo "== export: $RUN_DIR -> $MODELS_DIR/$MODEL_NAME/N"
+if .venv/bin/python - "$RUN_DIR" "$MODELS_DIR/$MODEL_NAME" <<'PY'
+import glob, json, os, sys
+run, base = sys.argv[1:]
+weights = json.load(open(os.path.join(run, "manifest.json")))["weights"]["sha256"]
+for path in glob.glob(os.path.join(base, "*", "assets.extra", "manifest.json")):
+    if json.load(open(path))["weights"]["sha256"] == weights:
+        print(f"already exported as {os.path.dirname(os.path.dirname(path))}")
+        sys.exit(0)
+sys.exit(1)
+PY
+then :; else
+    .venv/bin/python -m export --run "$RUN_DIR" --model-dir "$MODELS_DIR" --name "$MODEL_NAME"
+fi
+
+echo "== serve: http://localhost:$PORT/ (Ctrl-C to stop)"
+exec .venv/bin/python -m serve --model-dir "$MODELS_DIR/$MODEL_NAME" --model-name "$MODEL_NAME" --port "$PORT"
