@@ -122,3 +122,22 @@ def test_slow_tfserving_gives_503_within_timeout(remote):
     assert elapsed < TIMEOUT_S + 1.5
     time.sleep(TIMEOUT_S * 2)  # let the stand-in finish the slow call
     assert client.post("/api/v1/predict", data=_files(images[:1])).status_code == 200
+
+
+def test_cli_with_grpc_backend_under_gunicorn(tfserving, model_base):  # noqa: F811
+    """``python -m serve --backend tfserving-grpc`` under gunicorn: the channel is made in the worker."""
+    import requests
+    from live_server import start_server, stop_server
+
+    process, url = start_server(
+        model_base, args=["--backend", "tfserving-grpc", "--tfserving-grpc-target", tfserving.grpc_target]
+    )
+    try:
+        assert requests.get(f"{url}/api/v1/model", timeout=30).json()["backend"] == "tfserving-grpc"
+        images, labels = synthetic.make_images(1, seed=8)
+        files = [("file", (f"{i}.png", synthetic.encode(image))) for i, image in enumerate(images)]
+        response = requests.post(f"{url}/api/v1/predict", files=files, timeout=30)
+        assert response.status_code == 200
+        assert len(response.json()["predictions"]) == len(images)
+    finally:
+        stop_server(process)
