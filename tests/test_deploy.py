@@ -176,6 +176,13 @@ def test_python_m_serve_execs_the_image_command(model_base, monkeypatch):
 
     for name in ("execv", "execve", "execvp", "execvpe"):
         monkeypatch.setattr(os, name, fake_exec)
+    # serve's main() writes its flags into os.environ before exec; undo that afterwards.
+    for key in ("MODEL_DIR", "MODEL_NAME", "HOST", "PORT", "SERVE_BACKEND", "TFSERVING_REST_URL",
+                "TFSERVING_GRPC_TARGET", "WEB_CONCURRENCY", "GUNICORN_THREADS", "TF_CPP_MIN_LOG_LEVEL"):
+        if key in os.environ:
+            monkeypatch.setenv(key, os.environ[key])
+        else:
+            monkeypatch.delenv(key, raising=False)
     monkeypatch.setattr(sys, "argv", ["serve", "--model-dir", str(model_base), "--host", "127.0.0.1", "--port", "8123"])
     with pytest.raises(Exec):
         runpy.run_module("serve", run_name="__main__", alter_sys=True)
@@ -189,10 +196,11 @@ def test_gunicorn_listens_on_all_interfaces_in_the_image(monkeypatch):
     """Inside a container, a server bound to 127.0.0.1 cannot be reached through -p 8000:8000."""
     import importlib
 
+    for key in ("HOST", "PORT", "GUNICORN_CMD_ARGS"):  # only what the image sets counts
+        monkeypatch.delenv(key, raising=False)
     for key, value in env_block(stages()["runtime"]).items():
         if key != "PATH":
             monkeypatch.setenv(key, value)
-    monkeypatch.delenv("GUNICORN_CMD_ARGS", raising=False)
     sys.modules.pop("serve.gunicorn_conf", None)
     conf = importlib.import_module("serve.gunicorn_conf")
     try:
