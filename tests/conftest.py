@@ -46,3 +46,23 @@ def model_base(tmp_path_factory, trained_run):
     models = tmp_path_factory.mktemp("models")
     exporter.run(run_dir=str(trained_run), model_dir=str(models), name="cifar10", verbose=0)
     return models / "cifar10"
+
+
+@pytest.fixture(scope="session")
+def mirrored_strategy():
+    import tensorflow as tf
+
+    return tf.distribute.MirroredStrategy([f"/cpu:{i}" for i in range(LOGICAL_CPUS)])
+
+
+@pytest.fixture(scope="session")
+def mirrored_run(tmp_path_factory, splits, mirrored_strategy):
+    """A finished run under an 8-replica MirroredStrategy in mixed bfloat16: an 8-core TPU's code path."""
+    from train import trainer
+
+    output = tmp_path_factory.mktemp("mirrored-run")
+    trainer.run(
+        trainer.Config(output=str(output), epochs=1, batch_size=8, precision="mixed_bfloat16", verbose=0),
+        strategy=mirrored_strategy, splits=splits,
+    )
+    return output

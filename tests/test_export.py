@@ -227,19 +227,11 @@ def test_versions_count_up_and_are_never_overwritten(trained_run, tmp_path, caps
     assert sorted(os.listdir(models / "cifar10")) == ["1", "2", "5"]  # no temporary directories left
 
 
-def test_weights_trained_under_mirrored_strategy_export(splits, tmp_path):
+def test_weights_trained_under_mirrored_strategy_export(mirrored_run, tmp_path):
     import keras
     import tensorflow as tf
 
-    from train import trainer
-
-    run_dir = tmp_path / "run"
-    strategy = tf.distribute.MirroredStrategy()
-    assert strategy.num_replicas_in_sync == 8
-    trainer.run(
-        trainer.Config(output=str(run_dir), epochs=1, batch_size=8, precision="float32", tpu="none", verbose=0),
-        strategy=strategy, splits=splits,
-    )
+    run_dir = mirrored_run
     # A caller left a mixed-precision policy in place: export still builds in float32, and restores it.
     previous = keras.mixed_precision.global_policy()
     keras.mixed_precision.set_global_policy("mixed_bfloat16")

@@ -293,28 +293,25 @@ def test_rerunning_a_finished_run_keeps_it(trained_run, capsys):
     assert manifest["model"]["name"] == "seed_cnn"
 
 
-def test_mirrored_strategy_weights_load_into_a_plain_cpu_model(tmp_path, splits):
+def test_mirrored_strategy_weights_load_into_a_plain_cpu_model(mirrored_run, mirrored_strategy, splits):
     import keras
-    import tensorflow as tf
 
-    strategy = tf.distribute.MirroredStrategy([f"/cpu:{i}" for i in range(8)])
+    strategy = mirrored_strategy
+    manifest = json.loads((mirrored_run / MANIFEST_FILE).read_text())
     assert strategy.num_replicas_in_sync == 8
-    manifest = trainer.run(
-        trainer.Config(output=str(tmp_path), epochs=1, batch_size=8, precision="mixed_bfloat16", verbose=0),
-        strategy=strategy, splits=splits,
-    )
     assert manifest["training"]["replicas"] == 8
     assert manifest["training"]["global_batch"] == 64
     assert manifest["training"]["strategy"] == "MirroredStrategy"
+    assert manifest["training"]["precision"] == "mixed_bfloat16"
     assert manifest["training"]["steps_per_epoch"] == len(splits.x_train) // 64
     assert keras.mixed_precision.global_policy().name == "float32", "the caller's policy is restored"
 
     probe = models.probe_batch(3, count=16).astype("float32")
     with strategy.scope():
         distributed = models.build_model("seed_cnn", num_classes=3)
-    distributed.load_weights(str(tmp_path / WEIGHTS_FILE))
+    distributed.load_weights(str(mirrored_run / WEIGHTS_FILE))
     plain = models.build_model("seed_cnn", num_classes=3)
-    plain.load_weights(str(tmp_path / WEIGHTS_FILE))
+    plain.load_weights(str(mirrored_run / WEIGHTS_FILE))
     for variable in plain.weights:
         assert variable.dtype == "float32"
     np.testing.assert_allclose(
