@@ -5,6 +5,11 @@ One thread owns the model. It takes whatever requests are already queued, up to
 dispatched at once; only while the previous batch was bigger than the queue now holds
 (the server is busy and more requests are surely on their way) does it wait up to
 ``max_wait_s`` to fill the batch.
+
+When nothing is queued and no batch is running, a request runs the model in its own thread
+instead: handing it to the batcher thread and back costs two thread switches, a noticeable
+share of a single-image call. A lock keeps one model call at a time either way, so requests
+that arrive meanwhile queue up and run together in the next batch.
 """
 
 import collections
@@ -33,6 +38,7 @@ class Batcher:
         self.max_wait_s = max(0.0, float(max_wait_s))
         self._on_batch = on_batch
         self._queue = queue.Queue()
+        self._running = threading.Lock()  # held during every model call, inline or batched
         #: How many batches of each size ran (tests and /metrics read it).
         self.batch_sizes = collections.Counter()
         self._thread = threading.Thread(target=self._loop, name="batcher", daemon=True)
@@ -40,6 +46,14 @@ class Batcher:
 
     def submit(self, images):
         """Run ``images`` (uint8 ``[n, ...]``) in the next batch; block until its outputs are ready."""
+        if self._queue.empty() and self._running.acquire(blocking=False):
+            try:
+                if self._queue.empty():  # still idle now that the model is ours
+                    outputs = self._fn(images)
+                    self._count(len(images))
+                    return outputs
+            finally:
+                self._running.release()
         item = _Item(images)
         self._queue.put(item)
         item.done.wait()
@@ -100,6 +114,10 @@ class Batcher:
                 return
 
     def _run(self, batch, size):
+        with self._running:
+            self._run_locked(batch, size)
+
+    def _run_locked(self, batch, size):
         try:
             images = batch[0].images if len(batch) == 1 else np.concatenate([item.images for item in batch])
             outputs = self._fn(images)
@@ -111,14 +129,17 @@ class Batcher:
         except Exception as e:  # handed to every waiting request; the thread carries on
             for item in batch:
                 item.error = e
+        self._count(size)
+        for item in batch:
+            item.done.set()
+
+    def _count(self, size):
         self.batch_sizes[size] += 1
         if self._on_batch is not None:
             try:
                 self._on_batch(size)
             except Exception:
                 pass
-        for item in batch:
-            item.done.set()
 
 
 def _now():
