@@ -10,6 +10,7 @@ under ``/v1/models/NAME``, ``/healthz``, ``/readyz``, ``/metrics``. Configuratio
 environment variable; see :mod:`serve.settings`.
 """
 
+import concurrent.futures
 import io
 import time
 
@@ -44,6 +45,8 @@ def create_app(config=None, backend=None):
     if backend is None:
         backend = backends.from_config(app.config, on_batch=app_metrics.batch_size.observe)
     app.extensions["serve.backend"] = backend
+    # Decodes half of each many-image upload beside the request thread (serve.classify).
+    app.extensions["serve.decoder"] = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="decode")
 
     for blueprint in (web.bp, api.bp, tfserving_api.bp, health.bp):
         app.register_blueprint(blueprint)
