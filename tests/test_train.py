@@ -231,6 +231,10 @@ def test_training_batches_have_static_shapes_and_augmentation_crops_and_flips():
     for original, crop in zip(padded, out):
         windows = [original[dy:dy + 32, dx:dx + 32] for dy in range(9) for dx in range(9)]
         assert any(np.array_equal(crop, w) or np.array_equal(crop, w[:, ::-1]) for w in windows)
+    flipped_only = data.augment(images, pad=0).numpy()
+    for original, out_image in zip(x[:16], flipped_only):
+        assert np.array_equal(out_image, original) or np.array_equal(out_image, original[:, ::-1])
+    assert any(not np.array_equal(o, f) for o, f in zip(x[:16], flipped_only)), "some images are flipped"
 
 
 def test_evaluation_counts_every_test_image_once():

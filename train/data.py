@@ -213,13 +213,16 @@ def _check(splits, source):
 
 
 def augment(images, pad=4):
-    """Random crop after ``pad``-pixel reflection padding, and a random horizontal flip.
+    """Random crop after ``pad``-pixel reflection padding (none when ``pad`` is 0), and a random horizontal flip.
 
     Works on a batch of uint8 images with a static shape; every op runs on a TPU.
     """
     import tensorflow as tf
 
     batch = tf.shape(images)[0]
+    flip = tf.random.uniform([batch, 1, 1, 1]) < 0.5
+    if pad == 0:
+        return tf.where(flip, tf.reverse(images, axis=[2]), images)
     padded = tf.pad(images, [[0, 0], [pad, pad], [pad, pad], [0, 0]], mode="REFLECT")
     # One random offset per image, applied with a gather so the batch keeps its static shape.
     dx = tf.random.uniform([batch], 0, 2 * pad + 1, dtype=tf.int32)
@@ -228,11 +231,10 @@ def augment(images, pad=4):
     cols = dx[:, None] + tf.range(IMAGE_SIZE)[None, :]
     cropped = tf.gather(padded, rows, axis=1, batch_dims=1)
     cropped = tf.gather(cropped, cols, axis=2, batch_dims=1)
-    flip = tf.random.uniform([batch, 1, 1, 1]) < 0.5
     return tf.where(flip, tf.reverse(cropped, axis=[2]), cropped)
 
 
-def train_dataset(x, y, global_batch, augmentation=True, seed=None):
+def train_dataset(x, y, global_batch, augmentation=True, seed=None, crop_padding=4):
     """Shuffled, augmented, static-shape batches (``drop_remainder=True``), repeated per epoch."""
     import tensorflow as tf
 
@@ -240,7 +242,7 @@ def train_dataset(x, y, global_batch, augmentation=True, seed=None):
     ds = ds.shuffle(len(x), seed=seed, reshuffle_each_iteration=True)
     ds = ds.batch(global_batch, drop_remainder=True)
     if augmentation:
-        ds = ds.map(lambda images, labels: (augment(images), labels), num_parallel_calls=tf.data.AUTOTUNE)
+        ds = ds.map(lambda images, labels: (augment(images, crop_padding), labels), num_parallel_calls=tf.data.AUTOTUNE)
     ds = ds.map(lambda images, labels: (tf.cast(images, tf.float32), labels))
     return ds.prefetch(tf.data.AUTOTUNE)
 

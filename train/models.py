@@ -36,7 +36,8 @@ class Recipe:
     warmup_fraction: float = 0.2  # one-cycle warmup, as a fraction of all steps
     epochs: int = 50  # passes over the training set
     batch_size: int = 128  # images per replica per step
-    augment: bool = False  # random crop after 4-pixel padding, and horizontal flip
+    augment: bool = False  # random crop after padding, and horizontal flip
+    crop_padding: int = 4  # pixels of reflection padding before the random crop; 0: flip only
     label_smoothing: float = 0.0  # fraction of target mass spread over all classes
     weight_decay: float = 0.0  # decoupled weight decay per step, multiplied by the learning rate
     momentum: float = 0.9  # SGD only

@@ -52,6 +52,7 @@ class Config:
     learning_rate: float = None  # None: the recipe's rate, scaled to the global batch
     schedule: str = None
     augment: bool = None
+    crop_padding: int = None
     label_smoothing: float = None
     precision: str = "auto"
     tpu: str = "auto"
@@ -108,6 +109,7 @@ def run(config, strategy=None, splits=None):
 
     epochs = config.epochs or recipe.epochs
     augment = recipe.augment if config.augment is None else config.augment
+    crop_padding = recipe.crop_padding if config.crop_padding is None else config.crop_padding
     schedule = config.schedule or recipe.schedule
     label_smoothing = recipe.label_smoothing if config.label_smoothing is None else config.label_smoothing
     replicas = strategy.num_replicas_in_sync
@@ -128,7 +130,7 @@ def run(config, strategy=None, splits=None):
 
     _say(config, f"strategy={type(strategy).__name__} hardware={hardware} replicas={replicas} "
                  f"global_batch={global_batch} precision={precision} model={config.model} epochs={epochs} "
-                 f"lr={learning_rate:.4g} schedule={schedule} augment={augment} steps_per_execution={steps_per_execution}")
+                 f"lr={learning_rate:.4g} schedule={schedule} augment={augment and f'flip+crop{crop_padding}'} steps_per_execution={steps_per_execution}")
 
     if config.overwrite and chief and os.path.exists(manifest_path):
         # Train a finished run again from scratch. An interrupted one (no manifest yet)
@@ -141,7 +143,9 @@ def run(config, strategy=None, splits=None):
     keras.utils.set_random_seed(config.seed)
     one_hot = label_smoothing > 0
     num_classes = splits.num_classes
-    train_ds = data.train_dataset(splits.x_train, splits.y_train, global_batch, augment, seed=config.seed)
+    train_ds = data.train_dataset(
+        splits.x_train, splits.y_train, global_batch, augment, seed=config.seed, crop_padding=crop_padding
+    )
     val_ds = data.eval_dataset(splits.x_test, splits.y_test, global_batch)
     if one_hot:
         train_ds = train_ds.map(lambda x, y: (x, tf.one_hot(y, num_classes)))
@@ -227,6 +231,7 @@ def run(config, strategy=None, splits=None):
             "learning_rate": learning_rate,
             "schedule": schedule,
             "augment": augment,
+            "crop_padding": crop_padding,
             "label_smoothing": label_smoothing,
             "weight_decay": recipe.weight_decay,
             "seed": config.seed,
@@ -340,14 +345,20 @@ def _profile_steps(text):
     return first, last
 
 
-def _positive_int(text):
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError("must be at least 1")
-    return value
+def _int_at_least(minimum):
+    def parse(text):
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+        if value < minimum:
+            raise argparse.ArgumentTypeError(f"must be at least {minimum}")
+        return value
+
+    return parse
+
+
+_positive_int = _int_at_least(1)
 
 
 def build_parser():
@@ -367,7 +378,9 @@ def build_parser():
                    help="peak learning rate (default: the recipe's, scaled to the global batch)")
     p.add_argument("--schedule", choices=("constant", "onecycle"), help="learning-rate schedule (default: the recipe's)")
     p.add_argument("--augment", action=argparse.BooleanOptionalAction,
-                   help="random crop after 4-pixel padding and horizontal flip (default: the recipe's)")
+                   help="random crop after padding (--crop-padding) and horizontal flip (default: the recipe's)")
+    p.add_argument("--crop-padding", type=_int_at_least(0), metavar="PIXELS",
+                   help="with --augment: reflection padding before the random crop; 0 flips only (default: 4)")
     p.add_argument("--label-smoothing", type=float, help="label smoothing, 0-1 (default: the recipe's)")
     p.add_argument("--precision", choices=PRECISIONS, default="auto",
                    help="auto: bfloat16 on TPU and on CPUs with bf16 units, float16 on GPUs (default: %(default)s)")
@@ -388,7 +401,7 @@ def main(argv=None):
     config = Config(
         data=args.data, output=args.output, model=args.model, epochs=args.epochs, batch_size=args.batch_size,
         learning_rate=args.learning_rate, schedule=args.schedule, augment=args.augment,
-        label_smoothing=args.label_smoothing, precision=args.precision, tpu=args.tpu,
+        crop_padding=args.crop_padding, label_smoothing=args.label_smoothing, precision=args.precision, tpu=args.tpu,
         steps_per_execution=args.steps_per_execution, profile_steps=args.profile_steps, seed=args.seed,
         overwrite=args.overwrite,
         # A progress bar on a terminal; one line per epoch in a log file.
