@@ -32,7 +32,9 @@ def trained_run(tmp_path_factory, splits):
 
     output = tmp_path_factory.mktemp("run")
     trainer.run(
-        trainer.Config(output=str(output), epochs=4, batch_size=16, precision="float32", tpu="none", verbose=0),
+        trainer.Config(
+            output=str(output), epochs=4, batch_size=16, precision="float32", tpu="none", profile_steps=(2, 3), verbose=0
+        ),
         splits=splits,
     )
     return output

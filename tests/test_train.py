@@ -274,6 +274,7 @@ def test_run_directory_holds_everything_export_needs(trained_run, splits):
     for path in ("eval/metrics.json", "eval/confusion.png", "history.csv", "curves.png", "logs", WEIGHTS_FILE):
         assert (trained_run / path).exists(), path
     assert not (trained_run / "backup").exists(), "the backup is removed once training finishes"
+    assert list((trained_run / "logs" / "train" / "plugins" / "profile").glob("*/*.xplane.pb")), "--profile-steps"
     assert [r["epoch"] for r in report.read_history(str(trained_run / "history.csv"))] == [0, 1, 2, 3]
     metrics = json.loads((trained_run / "eval" / "metrics.json").read_text())
     assert np.asarray(metrics["confusion_matrix"]).sum() == len(splits.x_test)

@@ -130,7 +130,7 @@ def run(config, strategy=None, splits=None):
 
     _say(config, f"strategy={type(strategy).__name__} hardware={hardware} replicas={replicas} "
                  f"global_batch={global_batch} precision={precision} model={config.model} epochs={epochs} "
-                 f"lr={learning_rate:.4g} schedule={schedule} augment={augment and f'flip+crop{crop_padding}'} steps_per_execution={steps_per_execution}")
+                 f"lr={learning_rate:.4g} schedule={schedule} augment={_describe_augmentation(augment, crop_padding)} steps_per_execution={steps_per_execution}")
 
     if config.overwrite and chief and os.path.exists(manifest_path):
         # Train a finished run again from scratch. An interrupted one (no manifest yet)
@@ -178,6 +178,7 @@ def run(config, strategy=None, splits=None):
             epochs=epochs,
             steps_per_epoch=steps_per_epoch,
             validation_data=val_ds,
+            shuffle=False,  # the dataset shuffles itself
             callbacks=callbacks,
             verbose=config.verbose,
         )
@@ -255,6 +256,12 @@ def run(config, strategy=None, splits=None):
     _say(config, f"test accuracy {evaluation['accuracy']:.4f} on {evaluation['count']} images; "
                  f"weights and manifest in {output}")
     return manifest
+
+
+def _describe_augmentation(augment, crop_padding):
+    if not augment:
+        return "off"
+    return f"crop(pad {crop_padding})+flip" if crop_padding else "flip"
 
 
 def _scaled_rate(recipe, global_batch):
