@@ -73,45 +73,41 @@ class Batcher:
             carry = None
             if first is None:
                 return
-            batch, size = [first], len(first.images)
-            stop = False
+            batch = [first]
             # Take what is already waiting, never blocking.
-            while size < self.max_batch:
-                try:
-                    item = self._queue.get_nowait()
-                except queue.Empty:
-                    break
-                if item is None:
-                    stop = True
-                    break
-                if size + len(item.images) > self.max_batch:
-                    carry = item
-                    break
-                batch.append(item)
-                size += len(item.images)
+            size, carry, stop = self._gather(batch, len(first.images), deadline=None)
             # Busy: the last batch was bigger than this one, so wait briefly for the rest.
             if not stop and carry is None and size < self.max_batch and self.max_wait_s and last_size > size:
-                deadline = _now() + self.max_wait_s
-                while size < self.max_batch:
-                    remaining = deadline - _now()
-                    if remaining <= 0:
-                        break
-                    try:
-                        item = self._queue.get(timeout=remaining)
-                    except queue.Empty:
-                        break
-                    if item is None:
-                        stop = True
-                        break
-                    if size + len(item.images) > self.max_batch:
-                        carry = item
-                        break
-                    batch.append(item)
-                    size += len(item.images)
+                size, carry, stop = self._gather(batch, size, deadline=_now() + self.max_wait_s)
             self._run(batch, size)
             last_size = size
             if stop:
                 return
+
+    def _gather(self, batch, size, deadline):
+        """Append queued items to ``batch`` until it is full, waiting until ``deadline`` (None: not at all).
+
+        Returns ``(size, carry, stop)``: the batch's image count, an item that did not fit
+        (it starts the next batch), and whether ``close()`` was called.
+        """
+        while size < self.max_batch:
+            try:
+                if deadline is None:
+                    item = self._queue.get_nowait()
+                else:
+                    remaining = deadline - _now()
+                    if remaining <= 0:
+                        break
+                    item = self._queue.get(timeout=remaining)
+            except queue.Empty:
+                break
+            if item is None:
+                return size, None, True
+            if size + len(item.images) > self.max_batch:
+                return size, item, False
+            batch.append(item)
+            size += len(item.images)
+        return size, None, False
 
     def _run(self, batch, size):
         with self._running:
