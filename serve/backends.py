@@ -18,6 +18,7 @@ Every backend offers:
 Failures raise :class:`BackendError` with the HTTP status to answer with.
 """
 
+import logging
 import os
 import threading
 import time
@@ -33,9 +34,10 @@ from contract import (
     OUTPUT_PROBABILITIES,
     SIGNATURE_PIXELS,
 )
-from serve import signatures
+from serve import settings, signatures
 
 RELOAD_INTERVAL_S = 5.0  # how often a backend that failed to load tries again
+RETIRE_AFTER_S = 30.0  # how long a replaced version keeps answering requests already sent to it
 METADATA_TTL_S = 30.0  # how long a TF Serving backend trusts the metadata it fetched
 
 
@@ -62,9 +64,13 @@ class LocalBackend:
 
     kind = "local"
 
-    def __init__(self, model_dir, name, max_batch=32, batch_wait_ms=2.0, on_batch=None):
+    def __init__(self, model_dir, name, max_batch=32, batch_wait_ms=2.0, on_batch=None, poll_s=30.0):
         self.model_dir = str(model_dir)
         self.name = name
+        # Like TF Serving's file-system poll: a new version N+1/ replaces the served one.
+        self._poll_s = float(poll_s)
+        self._polled_at = time.monotonic()
+        self._swapping = threading.Lock()
         self._max_batch = max_batch
         self._wait_s = batch_wait_ms / 1000.0
         self._on_batch = on_batch
@@ -90,6 +96,7 @@ class LocalBackend:
     # -- loading -----------------------------------------------------------------------
     def _load(self, wait=True):
         if self._state is not None:
+            self._poll_versions()
             return self._state
         if not self._lock.acquire(blocking=wait):
             raise BackendError(f"the model in {self.model_dir} is still loading")
@@ -111,13 +118,38 @@ class LocalBackend:
         finally:
             self._lock.release()
 
-    def _load_unlocked(self):
+    def _poll_versions(self):
+        """Start loading a newer version in the background when one has appeared (at most every poll_s)."""
+        now = time.monotonic()
+        if self._poll_s <= 0 or now - self._polled_at < self._poll_s:
+            return
+        self._polled_at = now
+        available = signatures.versions(self.model_dir)
+        if available and available[-1] > self._state["version"] and self._swapping.acquire(blocking=False):
+            threading.Thread(target=self._swap, args=(available[-1],), name="model-swap", daemon=True).start()
+
+    def _swap(self, version):
+        try:
+            new_state = self._load_unlocked(version)
+        except Exception as e:  # keep serving the version we have; try again at the next poll
+            logging.getLogger(__name__).warning("not switching to version %s: %s", version, e)
+            return
+        finally:
+            self._swapping.release()
+        old_state, self._state = self._state, new_state
+        logging.getLogger(__name__).info("now serving version %s (was %s)", version, old_state["version"])
+        # Requests that already hold the old state finish on it; then its batcher thread ends.
+        retire = threading.Timer(RETIRE_AFTER_S, old_state["batcher"].close)
+        retire.daemon = True  # never hold up a worker's shutdown
+        retire.start()
+
+    def _load_unlocked(self, version=None):
         import tensorflow as tf
 
         available = signatures.versions(self.model_dir)
         if not available:
             raise BackendError(f"no model versions (directories N/ with a saved_model.pb) under {self.model_dir}")
-        version = available[-1]
+        version = version or available[-1]
         path = os.path.join(self.model_dir, str(version))
         loaded = tf.saved_model.load(path)
         functions = {name: loaded.signatures[name] for name in loaded.signatures.keys()}
@@ -435,7 +467,8 @@ def from_config(config, on_batch=None):
     kind = config["BACKEND"]
     if kind == "local":
         return LocalBackend(
-            config["MODEL_DIR"], config["MODEL_NAME"], config["MAX_BATCH"], config["BATCH_WAIT_MS"], on_batch
+            config["MODEL_DIR"], config["MODEL_NAME"], config["MAX_BATCH"], config["BATCH_WAIT_MS"], on_batch,
+            poll_s=config.get("MODEL_POLL_S", settings.DEFAULT_MODEL_POLL_S),
         )
     if kind == "tfserving-rest":
         if not config.get("TFSERVING_REST_URL"):

@@ -10,6 +10,8 @@ variable                    default                    meaning
 ``TFSERVING_REST_URL``      (none)                     e.g. ``http://tfserving:8501``
 ``TFSERVING_GRPC_TARGET``   (none)                     e.g. ``tfserving:8500``
 ``TFSERVING_TIMEOUT_S``     ``5``                      seconds before TF Serving counts as down (503)
+``MODEL_POLL_S``            ``30``                     how often the local backend looks for a new
+                                                       version N+1/ and switches to it (0: never)
 ``SERVE_MAX_BATCH``         ``32``                     most images in one model call (local backend)
 ``SERVE_BATCH_WAIT_MS``     ``2``                      most a busy batcher waits to fill a batch, ms
 ``SERVE_MAX_UPLOAD_MB``     ``16``                     largest request body, MiB (413 above it)
@@ -31,6 +33,7 @@ from contract import DEFAULT_MODEL_NAME
 DEFAULT_MODEL_BASE_PATH = "/models"
 DEFAULT_BACKEND = "local"
 DEFAULT_TIMEOUT_S = 5.0
+DEFAULT_MODEL_POLL_S = 30.0
 DEFAULT_MAX_BATCH = 32
 DEFAULT_BATCH_WAIT_MS = 2.0
 DEFAULT_MAX_UPLOAD_MB = 16
@@ -52,6 +55,7 @@ def from_environ(environ=None):
         "TFSERVING_REST_URL": env.get("TFSERVING_REST_URL"),
         "TFSERVING_GRPC_TARGET": env.get("TFSERVING_GRPC_TARGET"),
         "TFSERVING_TIMEOUT_S": float(env.get("TFSERVING_TIMEOUT_S") or DEFAULT_TIMEOUT_S),
+        "MODEL_POLL_S": float(env.get("MODEL_POLL_S") or DEFAULT_MODEL_POLL_S),
         "MAX_BATCH": int(env.get("SERVE_MAX_BATCH") or DEFAULT_MAX_BATCH),
         "BATCH_WAIT_MS": float(env.get("SERVE_BATCH_WAIT_MS") or DEFAULT_BATCH_WAIT_MS),
         "MAX_CONTENT_LENGTH": int(max_upload_mb * 1024 * 1024),

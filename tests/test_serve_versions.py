@@ -1,0 +1,54 @@
+"""The local backend picks up a new version N+1/ by itself, as TF Serving does."""
+
+import os
+import shutil
+import time
+
+from serve import create_app
+
+
+def test_a_new_version_replaces_the_served_one(model_base, tmp_path):
+    models = tmp_path / "cifar10"
+    shutil.copytree(model_base, models)
+    app = create_app({"TESTING": True, "MODEL_DIR": str(models), "MODEL_NAME": "cifar10", "MODEL_POLL_S": 0.1})
+    backend = app.extensions["serve.backend"]
+    backend.wait_loaded()
+    client = app.test_client()
+    try:
+        assert client.get("/api/v1/model").get_json()["version"] == 1
+        # Publish version 2 the way export does: complete in a hidden folder, then renamed in.
+        shutil.copytree(models / "1", models / ".incoming")
+        os.rename(models / ".incoming", models / "2")
+        deadline = time.monotonic() + 60
+        while client.get("/api/v1/model").get_json()["version"] != 2:
+            assert time.monotonic() < deadline, "version 2 was never picked up"
+            time.sleep(0.2)
+        status = client.get("/v1/models/cifar10").get_json()
+        assert [v["version"] for v in status["model_version_status"]] == ["2"]
+        answer = client.post("/api/v1/predict", json={"instances": [{"b64": _png_b64()}]})
+        assert answer.status_code == 200 and answer.get_json()["model"]["version"] == 2
+    finally:
+        backend.close()
+
+
+def test_polling_can_be_turned_off(model_base, tmp_path):
+    models = tmp_path / "cifar10"
+    shutil.copytree(model_base, models)
+    app = create_app({"TESTING": True, "MODEL_DIR": str(models), "MODEL_NAME": "cifar10", "MODEL_POLL_S": 0})
+    backend = app.extensions["serve.backend"]
+    backend.wait_loaded()
+    try:
+        shutil.copytree(models / "1", models / "2")
+        time.sleep(0.5)
+        assert app.test_client().get("/api/v1/model").get_json()["version"] == 1
+    finally:
+        backend.close()
+
+
+def _png_b64():
+    import base64
+
+    import synthetic
+
+    images, _ = synthetic.make_images(1)
+    return base64.b64encode(synthetic.encode(images[0])).decode()
