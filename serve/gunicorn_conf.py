@@ -38,7 +38,9 @@ else:
 
 
 def when_ready(server):
-    server.log.info("serving on http://%s", bind)
+    host, _, port = bind.rpartition(":")
+    browsable = "localhost" if host in ("0.0.0.0", "::", "[::]", "") else host
+    server.log.info("listening on %s; open http://%s:%s/ (ready when /readyz says so)", bind, browsable, port)
 
 
 def child_exit(server, worker):
