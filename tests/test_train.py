@@ -353,3 +353,38 @@ def test_killed_run_resumes_at_the_next_epoch(tmp_path):
     manifest = json.loads((output / MANIFEST_FILE).read_text())
     assert manifest["training"]["epochs"] == 4
     assert [r["epoch"] for r in report.read_history(str(output / "history.csv"))] == [0, 1, 2, 3]
+
+
+def test_tf_config_selects_multi_worker_mirrored_strategy():
+    """In a fresh process: TensorFlow's cluster setup cannot be undone inside this one."""
+    from live_server import free_port
+
+    code = (
+        "import tensorflow as tf\n"
+        "from train import accelerators as a\n"
+        "s = a.select_strategy('auto')\n"
+        "print(isinstance(s, tf.distribute.MultiWorkerMirroredStrategy), a.is_chief(s))\n"
+    )
+    tf_config = {"cluster": {"worker": [f"localhost:{free_port()}"]}, "task": {"type": "worker", "index": 0}}
+    env = {**os.environ, "TF_CONFIG": json.dumps(tf_config), "TF_CPP_MIN_LOG_LEVEL": "3"}
+    result = subprocess.run([sys.executable, "-c", code], cwd=REPO, env=env, capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert result.stdout.split() == ["True", "True"]
+
+
+@pytest.mark.parametrize("task_type, task_id, cluster, chief", [
+    ("worker", 0, {"worker": ["a:1", "b:1"]}, True),
+    ("worker", 1, {"worker": ["a:1", "b:1"]}, False),
+    ("chief", 0, {"chief": ["c:1"], "worker": ["a:1"]}, True),
+    ("worker", 0, {"chief": ["c:1"], "worker": ["a:1"]}, False),
+])
+def test_only_the_chief_writes_the_run_directory(task_type, task_id, cluster, chief):
+    assert accelerators.is_chief_task(task_type, task_id, cluster) is chief
+
+
+def test_tf_config_that_is_not_json_is_a_clear_error(tmp_path, capsys, monkeypatch):
+    monkeypatch.setenv("TF_CONFIG", "{not json")
+    _make_tree(tmp_path / "data", ["cat", "dog"])
+    code = trainer.main(["--data", str(tmp_path / "data"), "--output", str(tmp_path / "out"), "--quiet"])
+    assert code == 2
+    assert capsys.readouterr().err.strip() == "error: TF_CONFIG is set but is not valid JSON"

@@ -102,5 +102,13 @@ def is_chief(strategy):
     resolver = getattr(strategy, "cluster_resolver", None)
     if not isinstance(strategy, tf.distribute.MultiWorkerMirroredStrategy) or resolver is None:
         return True
-    task_type, task_id = resolver.task_type, resolver.task_id
-    return task_type is None or task_type == "chief" or (task_type == "worker" and task_id == 0)
+    return is_chief_task(resolver.task_type, resolver.task_id, resolver.cluster_spec().as_dict())
+
+
+def is_chief_task(task_type, task_id, cluster):
+    """TF_CONFIG's rule: the "chief" task if the cluster has one, else worker 0."""
+    if task_type is None:
+        return True
+    if "chief" in cluster:
+        return task_type == "chief"
+    return task_type == "worker" and int(task_id) == 0
