@@ -5,6 +5,8 @@ stage writes SavedModels with exactly these names; the server and the client rea
 them. Never rely on auto-generated tensor names such as ``input_1``.
 """
 
+import hashlib
+
 #: Default model name, as in ``models/NAME/N/`` and TF Serving's ``MODEL_NAME``.
 DEFAULT_MODEL_NAME = "cifar10"
 
@@ -53,3 +55,12 @@ CIFAR10_CLASSES = (
     "ship",
     "truck",
 )
+
+
+def sha256_file(path):
+    """The hex SHA-256 of a file, as the manifest records ``weights.sha256``."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            digest.update(chunk)
+    return digest.hexdigest()

@@ -61,6 +61,7 @@ from contract import (
     SIGNATURE_PIXELS,
     WARMUP_FILE,
     WEIGHTS_FILE,
+    sha256_file,
 )
 
 DEFAULT_MODEL_DIR = "models"
@@ -202,7 +203,7 @@ def _check_fingerprint(manifest, outputs, weights_path):
     diff = float(np.max(np.abs(outputs.astype(np.float32) - recorded)))
     if not diff <= TOLERANCE:  # also catches NaN
         hint = ""
-        if manifest.get("weights", {}).get("sha256") not in (None, _sha256(weights_path)):
+        if manifest.get("weights", {}).get("sha256") not in (None, sha256_file(weights_path)):
             hint = f"; {WEIGHTS_FILE} is not the file the manifest describes (sha256 differs)"
         raise ExportError(f"rebuilt model does not reproduce the manifest's probe outputs: max absolute "
                           f"difference {diff:.3g} > {TOLERANCE:g}{hint}")
@@ -428,13 +429,6 @@ def _write_warmup(path, name, probe):
                 log = prediction_log_pb2.PredictionLog(predict_log=prediction_log_pb2.PredictLog(request=request))
                 writer.write(log.SerializeToString())
 
-
-def _sha256(path):
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            digest.update(chunk)
-    return digest.hexdigest()
 
 
 def _positive_int(text):

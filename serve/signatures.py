@@ -47,7 +47,6 @@ def read_manifest(version_dir):
 
 def signature_defs_json(saved_model_pb):
     """``{name: signature_def}`` of a ``saved_model.pb`` in TF Serving's metadata JSON form."""
-    from google.protobuf import json_format
     from tensorflow.core.protobuf import saved_model_pb2
     from tensorflow_serving.apis import get_model_metadata_pb2
 

@@ -7,12 +7,16 @@ import time
 from serve import create_app
 
 
+def _app_over_a_copy(model_base, models, poll_s):
+    shutil.copytree(model_base, models)
+    app = create_app({"TESTING": True, "MODEL_DIR": str(models), "MODEL_NAME": "cifar10", "MODEL_POLL_S": poll_s})
+    app.extensions["serve.backend"].wait_loaded()
+    return app, app.extensions["serve.backend"]
+
+
 def test_a_new_version_replaces_the_served_one(model_base, tmp_path):
     models = tmp_path / "cifar10"
-    shutil.copytree(model_base, models)
-    app = create_app({"TESTING": True, "MODEL_DIR": str(models), "MODEL_NAME": "cifar10", "MODEL_POLL_S": 0.1})
-    backend = app.extensions["serve.backend"]
-    backend.wait_loaded()
+    app, backend = _app_over_a_copy(model_base, models, poll_s=0.1)
     client = app.test_client()
     try:
         assert client.get("/api/v1/model").get_json()["version"] == 1
@@ -33,10 +37,7 @@ def test_a_new_version_replaces_the_served_one(model_base, tmp_path):
 
 def test_polling_can_be_turned_off(model_base, tmp_path):
     models = tmp_path / "cifar10"
-    shutil.copytree(model_base, models)
-    app = create_app({"TESTING": True, "MODEL_DIR": str(models), "MODEL_NAME": "cifar10", "MODEL_POLL_S": 0})
-    backend = app.extensions["serve.backend"]
-    backend.wait_loaded()
+    app, backend = _app_over_a_copy(model_base, models, poll_s=0)
     try:
         shutil.copytree(models / "1", models / "2")
         time.sleep(0.5)

@@ -28,7 +28,7 @@ import sys
 import tempfile
 import time
 
-from contract import IMAGE_SIZE, CHANNELS, MANIFEST_FILE, RESIZE_METHOD, WEIGHTS_FILE
+from contract import CHANNELS, IMAGE_SIZE, MANIFEST_FILE, RESIZE_METHOD, WEIGHTS_FILE, sha256_file
 
 DEFAULT_DATA = "cifar10"
 DEFAULT_OUTPUT = "runs/latest"
@@ -214,7 +214,7 @@ def run(config, strategy=None, splits=None):
             "resize": RESIZE_METHOD,
             "preprocessing": "none outside the model: raw pixels in, normalisation is the model's first layer",
         },
-        "weights": {"file": WEIGHTS_FILE, "dtype": "float32", "sha256": _sha256(weights_path)},
+        "weights": {"file": WEIGHTS_FILE, "dtype": "float32", "sha256": sha256_file(weights_path)},
         "training": {
             "data": splits.source or config.data,
             "train_images": int(len(splits.x_train)),
@@ -313,13 +313,6 @@ def _write_json_atomically(path, obj):
     os.chmod(tmp, 0o644)
     os.replace(tmp, path)
 
-
-def _sha256(path):
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            digest.update(chunk)
-    return digest.hexdigest()
 
 
 def _versions():
