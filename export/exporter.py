@@ -35,7 +35,6 @@ after all checks pass, so a TF Serving polling ``models/NAME/`` never sees half 
 
 import argparse
 import datetime
-import hashlib
 import json
 import os
 import re
@@ -187,7 +186,7 @@ def _probe(manifest):
     recorded = fingerprint.get("inputs_sha256")
     # The probe is regenerated from its seed; if NumPy ever changed the stream, comparing
     # outputs would blame the weights for what the inputs did.
-    if recorded and hashlib.sha256(probe.tobytes()).hexdigest() != recorded:
+    if recorded and models.probe_digest(probe) != recorded:
         raise ExportError("the probe batch regenerated from the manifest's seed differs from the one "
                           "training used (inputs_sha256 mismatch); cannot verify the weights")
     return np.asarray(probe, dtype=np.uint8)

@@ -11,6 +11,7 @@ Typical usage::
 """
 
 import dataclasses
+import hashlib
 
 import keras
 import numpy as np
@@ -68,6 +69,11 @@ def probe_batch(seed, count=8):
     """The seeded uint8 batch whose outputs fingerprint a trained model (PCG64: stable across NumPy versions)."""
     rng = np.random.default_rng(seed)
     return rng.integers(0, 256, size=(count, *INPUT_SHAPE), dtype=np.uint8)
+
+
+def probe_digest(probe):
+    """The SHA-256 the manifest records for a probe batch, so export can tell the same inputs came back."""
+    return hashlib.sha256(np.ascontiguousarray(probe, dtype=np.uint8).tobytes()).hexdigest()
 
 
 def model_names():

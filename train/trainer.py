@@ -19,7 +19,6 @@ Re-running the same command after a kill resumes from the last finished epoch.
 import argparse
 import dataclasses
 import datetime
-import hashlib
 import json
 import os
 import platform
@@ -248,7 +247,7 @@ def run(config, strategy=None, splits=None):
             "seed": DEFAULT_PROBE_SEED,
             "shape": list(probe.shape),
             "dtype": "uint8",
-            "inputs_sha256": hashlib.sha256(probe.tobytes()).hexdigest(),
+            "inputs_sha256": models.probe_digest(probe),
             "outputs": np.asarray(probe_outputs, dtype=np.float32).tolist(),
         },
     }
@@ -312,7 +311,6 @@ def _write_json_atomically(path, obj):
         f.write("\n")
     os.chmod(tmp, 0o644)
     os.replace(tmp, path)
-
 
 
 def _versions():
