@@ -10,21 +10,12 @@ under ``/v1/models/NAME``, ``/healthz``, ``/readyz``, ``/metrics``. Configuratio
 environment variable; see :mod:`serve.settings`.
 """
 
-import concurrent.futures
-import io
 import time
 
-from flask import Flask, Request, g, jsonify, request
+from flask import Flask, g, jsonify, request
 from werkzeug.exceptions import HTTPException
 
 JSON_PREFIXES = ("/api/", "/v1/")
-
-
-class InMemoryRequest(Request):
-    """Uploads stay in memory: werkzeug would spill files over 500 KB to a temporary file."""
-
-    def _get_file_stream(self, total_content_length, content_type, filename=None, content_length=None):
-        return io.BytesIO()
 
 
 def create_app(config=None, backend=None):
@@ -32,9 +23,7 @@ def create_app(config=None, backend=None):
     from serve import api, backends, health, metrics, settings, tfserving_api, web
 
     app = Flask(__name__)
-    app.request_class = InMemoryRequest
     app.config.update(settings.from_environ())
-    app.config["MAX_FORM_MEMORY_SIZE"] = None  # the body limit (MAX_CONTENT_LENGTH) bounds form fields
     app.config.from_mapping(config or {})
     if "MAX_UPLOAD_MB" in (config or {}):
         app.config["MAX_CONTENT_LENGTH"] = int(float(config["MAX_UPLOAD_MB"]) * 1024 * 1024)
@@ -45,8 +34,6 @@ def create_app(config=None, backend=None):
     if backend is None:
         backend = backends.from_config(app.config, on_batch=app_metrics.batch_size.observe)
     app.extensions["serve.backend"] = backend
-    # Decodes half of each many-image upload beside the request thread (serve.classify).
-    app.extensions["serve.decoder"] = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="decode")
 
     for blueprint in (web.bp, api.bp, tfserving_api.bp, health.bp):
         app.register_blueprint(blueprint)

@@ -6,16 +6,19 @@ import binascii
 from flask import Blueprint, current_app, jsonify, request
 
 from serve import classify as cls
-from serve import signatures
+from serve import signatures, uploads
 from serve.backends import BackendError
 
 bp = Blueprint("api", __name__, url_prefix="/api/v1")
 
 
 def _uploads():
-    """``[(filename, bytes or error message)]`` from multipart files or JSON instances."""
-    if request.files:
-        return [(f.filename or key, f.read()) for key in request.files for f in request.files.getlist(key)]
+    """``([(filename, bytes or error message)], top_k field)`` from multipart files or JSON instances."""
+    if uploads.is_multipart():
+        fields, files = uploads.parse()
+        if not files:
+            raise ValueError('the multipart/form-data body has no file parts (send images in a field such as "file")')
+        return [(filename or name, data) for name, filename, data in files], fields.get("top_k")
     if request.mimetype == "application/json" or (request.data[:1] in (b"{", b"[")):
         body = request.get_json(silent=True, force=True)
         if body is None:
@@ -23,29 +26,31 @@ def _uploads():
         instances = body.get("instances") if isinstance(body, dict) else None
         if not isinstance(instances, list) or not instances:
             raise ValueError('JSON must be {"instances": [{"b64": "<base64 image>"}, ...]} with at least one instance')
-        uploads = []
+        images = []
         for instance in instances:
             encoded = instance.get("b64") if isinstance(instance, dict) else None
             if not isinstance(encoded, str):
-                uploads.append((None, 'is not {"b64": "<base64 image>"}'))
+                images.append((None, 'is not {"b64": "<base64 image>"}'))
                 continue
             try:
-                uploads.append((None, base64.b64decode(encoded, validate=True)))
+                images.append((None, base64.b64decode(encoded, validate=True)))
             except (binascii.Error, ValueError):
-                uploads.append((None, "is not valid base64"))
-        return uploads
+                images.append((None, "is not valid base64"))
+        return images, None
     raise ValueError('send images as multipart/form-data (field "file") or JSON {"instances": [{"b64": ...}]}')
 
 
 @bp.post("/predict")
 def predict():
     try:
-        top_k = cls.parse_top_k(request.args.get("top_k") or request.form.get("top_k"), current_app.config["TOP_K"])
-        uploads = _uploads()
+        images, form_top_k = _uploads()
+        top_k = cls.parse_top_k(request.args.get("top_k") or form_top_k, current_app.config["TOP_K"])
+    except uploads.UploadError as e:
+        return jsonify(error=str(e)), e.status
     except ValueError as e:
         return jsonify(error=str(e)), 400
     try:
-        meta, slots = cls.classify(uploads, top_k)
+        meta, slots = cls.classify(images, top_k)
     except BackendError as e:
         return jsonify(error=str(e)), e.status
     body = {"model": cls.model_info(meta), "predictions": [cls.public(s) for s in slots]}

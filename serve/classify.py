@@ -6,9 +6,6 @@ from flask import current_app
 from contract import OUTPUT_CLASS_IDS, OUTPUT_CLASS_NAMES, OUTPUT_PROBABILITIES
 from serve import images as imaging
 
-PARALLEL_DECODE_MIN = 16  # images in one request before half of them are decoded in a second thread
-
-
 def backend():
     return current_app.extensions["serve.backend"]
 
@@ -45,12 +42,14 @@ def classify(uploads, top_k):
     """
     meta = backend().metadata()
     slots, good, pixels = [], [], []
-    decoded = _decode_all([data for _, data in uploads], current_app.config["MAX_PIXELS"])
-    for index, ((filename, data), result) in enumerate(zip(uploads, decoded)):
+    datas = [data for _, data in uploads if not isinstance(data, str)]
+    decoded = iter(imaging.decode_many(datas, current_app.config["MAX_PIXELS"]))
+    for index, (filename, data) in enumerate(uploads):
         who = repr(filename) if filename else f"instance {index}"
         if isinstance(data, str):  # the caller already found it unusable (bad base64)
             slots.append({"filename": filename, "error": f"{who}: {data}", "status": 400})
             continue
+        result = next(decoded)
         if isinstance(result, imaging.ImageError):
             slots.append({"filename": filename, "error": f"{who} {result}", "status": result.status})
             continue
@@ -77,28 +76,6 @@ def classify(uploads, top_k):
             label=ranked[0]["label"], class_id=ranked[0]["class_id"], probability=ranked[0]["probability"], top_k=ranked
         )
     return meta, slots
-
-
-def _decode_one(data, max_pixels):
-    if isinstance(data, str):
-        return None
-    try:
-        return imaging.decode(data, max_pixels)
-    except imaging.ImageError as e:
-        return e
-
-
-def _decode_all(datas, max_pixels):
-    """``decode`` of each upload (or its ``ImageError``); big requests in two threads at once.
-
-    Pillow lets go of the GIL while it decodes, so a second thread takes a second core for
-    half of a many-image request; below ``PARALLEL_DECODE_MIN`` images the hand-off costs more.
-    """
-    if len(datas) < PARALLEL_DECODE_MIN:
-        return [_decode_one(data, max_pixels) for data in datas]
-    half = len(datas) // 2
-    second = current_app.extensions["serve.decoder"].submit(lambda: [_decode_one(d, max_pixels) for d in datas[half:]])
-    return [_decode_one(data, max_pixels) for data in datas[:half]] + second.result()
 
 
 def _class_names(meta, outputs, num_classes):

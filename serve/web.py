@@ -1,9 +1,10 @@
 """``/``: an upload form that works without JavaScript, and the page of results."""
 
-from flask import Blueprint, current_app, render_template, request
+from flask import Blueprint, current_app, render_template
 
 from serve import classify as cls
 from serve import images as imaging
+from serve import uploads as multipart_uploads
 from serve.backends import BackendError
 
 bp = Blueprint("web", __name__)
@@ -17,13 +18,17 @@ def index():
 @bp.post("/")
 def upload():
     default_k = current_app.config["TOP_K"]
+    fields, files = {}, []
     try:
-        top_k = cls.parse_top_k(request.form.get("top_k"), default_k)
+        if multipart_uploads.is_multipart():
+            fields, files = multipart_uploads.parse()
+        top_k = cls.parse_top_k(fields.get("top_k"), default_k)
+    except multipart_uploads.UploadError as e:
+        return render_template("index.html", top_k=default_k, error=f"The upload cannot be read: {e}."), e.status
     except ValueError as e:
         return render_template("index.html", top_k=default_k, error=str(e)), 400
     # A file input left empty still sends one part, with no name and no bytes.
-    files = [f for key in request.files for f in request.files.getlist(key)]
-    uploads = [(f.filename, data) for f in files if (data := f.read()) or f.filename]
+    uploads = [(filename, data) for _, filename, data in files if data or filename]
     if not uploads:
         return render_template("index.html", top_k=top_k, error="Choose one or more image files first."), 400
     try:
