@@ -49,6 +49,18 @@ def images_per_second(model, dataset, steps, warmup, batch):
     return steps * batch / (time.perf_counter() - started)
 
 
+def pipeline_ms_per_batch(dataset, batches=300, warmup=20):
+    """The input pipeline alone: milliseconds to produce one batch, with no model running."""
+    iterator = iter(dataset)
+    for _ in range(warmup):
+        next(iterator)
+    started = time.perf_counter()
+    for _ in range(batches):
+        images, _ = next(iterator)
+    images.numpy()
+    return (time.perf_counter() - started) / batches * 1000
+
+
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--data", default="../shared/data/cifar10-jpeg.zip")
@@ -76,6 +88,7 @@ def main(argv=None):
         for name, (_, dataset) in configs.items():
             results[name].append(images_per_second(built[name], dataset, args.steps, args.warmup, args.batch_size))
 
+    alone = pipeline_ms_per_batch(pipeline)
     print(f"command: python {' '.join(sys.argv)}")
     print(f"machine: {platform.machine()}, {os.cpu_count()} CPUs, TensorFlow {tf.__version__}")
     print(f"model {args.model}, batch {args.batch_size}, {args.steps} timed steps x {args.repeats} repeats (median)")
@@ -87,6 +100,9 @@ def main(argv=None):
     print(f"pipeline / in-memory (mixed_bfloat16):        {bf16 / medians['mixed_bfloat16, in-memory tensors']:.2f}")
     print(f"pipeline / in-memory (float32):               "
           f"{medians['float32, tf.data pipeline'] / medians['float32, in-memory tensors']:.2f}")
+    step_ms = args.batch_size / medians["mixed_bfloat16, in-memory tensors"] * 1000
+    print(f"the pipeline alone, no model: {alone:.2f} ms a batch ({alone / step_ms:.1%} of a {step_ms:.0f} ms "
+          f"mixed_bfloat16 step, {alone * medians['float32, in-memory tensors'] / args.batch_size / 1000:.1%} of a float32 one)")
 
 
 if __name__ == "__main__":
