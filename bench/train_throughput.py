@@ -66,9 +66,9 @@ def main(argv=None):
     p.add_argument("--data", default="../shared/data/cifar10-jpeg.zip")
     p.add_argument("--model", default="seed_cnn")
     p.add_argument("--batch-size", type=int, default=128)
-    p.add_argument("--steps", type=int, default=100)
-    p.add_argument("--warmup", type=int, default=15)
-    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--steps", type=int, default=50)
+    p.add_argument("--warmup", type=int, default=5)
+    p.add_argument("--repeats", type=int, default=10)
     args = p.parse_args(argv)
 
     splits = data.load(args.data)

@@ -28,8 +28,8 @@ def main(argv=None):
     parser.add_argument("--backend", choices=settings.BACKENDS, help="where predictions run (sets SERVE_BACKEND; default local)")
     parser.add_argument("--tfserving-rest-url", help="TF Serving REST URL, e.g. http://host:8501 (sets TFSERVING_REST_URL)")
     parser.add_argument("--tfserving-grpc-target", help="TF Serving gRPC host:port (sets TFSERVING_GRPC_TARGET)")
-    parser.add_argument("--workers", type=int, help="gunicorn worker processes (sets WEB_CONCURRENCY; default 1)")
-    parser.add_argument("--threads", type=int, help="threads per worker (sets GUNICORN_THREADS; default 32)")
+    parser.add_argument("--workers", type=int, help="gunicorn worker processes (sets WEB_CONCURRENCY; default 2, 1 on one core)")
+    parser.add_argument("--threads", type=int, help="threads per worker (sets GUNICORN_THREADS; default 16)")
     args = parser.parse_args(argv)
     env = {
         "MODEL_DIR": args.model_dir and os.path.abspath(args.model_dir),

@@ -1,10 +1,11 @@
 """gunicorn settings: ``gunicorn -c python:serve.gunicorn_conf "serve:create_app()"``.
 
-Layout for a small (2-core) CPU machine: one worker process with many threads. The model
-runs in TensorFlow's own thread pool, which already uses every core; the threads only
-decode uploads and wait on the micro-batcher, and one process means one batcher that sees
-every concurrent request and so fills its batches. ``WEB_CONCURRENCY`` adds processes
-(each loads the model); ``GUNICORN_THREADS`` sets the threads per process.
+Layout for a small CPU machine: two worker processes (one on a single core), 16 threads each.
+The model runs in TensorFlow's own thread pool; the threads parse, decode and wait on their
+worker's micro-batcher. A second process gives request handling a second GIL: on 2 cores two
+workers beat one on the medians of nine benchmark rounds at 1, 32 and 2 (64-image) concurrent
+clients, if less steadily at 32 (docs/benchmarks.md). Each worker loads the model.
+``WEB_CONCURRENCY`` sets the processes, ``GUNICORN_THREADS`` the threads per process.
 """
 
 import os
@@ -12,8 +13,8 @@ import shutil
 import tempfile
 
 bind = f"{os.environ.get('HOST', '0.0.0.0')}:{os.environ.get('PORT', '8000')}"
-workers = int(os.environ.get("WEB_CONCURRENCY", "1"))
-threads = int(os.environ.get("GUNICORN_THREADS", "32"))
+workers = int(os.environ.get("WEB_CONCURRENCY") or min(2, len(os.sched_getaffinity(0))))
+threads = int(os.environ.get("GUNICORN_THREADS", "16"))
 worker_class = "gthread"
 # Loading TensorFlow and the SavedModel takes a while; never fork after importing TensorFlow.
 timeout = int(os.environ.get("GUNICORN_TIMEOUT", "120"))

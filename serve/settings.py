@@ -18,8 +18,8 @@ variable                    default                    meaning
 ``SERVE_MAX_PIXELS``        ``16777216``               most pixels one image may declare (413)
 ``SERVE_TOP_K``             ``3``                      labels per image unless ``top_k`` is given
 ``HOST`` / ``PORT``         ``0.0.0.0`` / ``8000``     where gunicorn listens
-``WEB_CONCURRENCY``         ``1``                      gunicorn worker processes
-``GUNICORN_THREADS``        ``32``                     threads per worker
+``WEB_CONCURRENCY``         ``2``                      gunicorn worker processes (1 on one core)
+``GUNICORN_THREADS``        ``16``                     threads per worker
 ==========================  =========================  ===============================================
 
 With ``tfserving-*`` backends ``MODEL_DIR`` is optional: when the files are there the
