@@ -210,6 +210,23 @@ def test_gunicorn_listens_on_all_interfaces_in_the_image(monkeypatch):
     assert any(re.fullmatch(r"(0\.0\.0\.0|\[::\]|::|):8000", bind) for bind in binds), binds
 
 
+def _gunicorn_layout(env, cores=None):
+    """``(workers, threads)`` that serve/gunicorn_conf.py picks, read in a fresh interpreter."""
+    code = "import serve.gunicorn_conf as c; print(c.workers, c.threads)"
+    limit = (lambda: os.sched_setaffinity(0, set(sorted(os.sched_getaffinity(0))[:cores]))) if cores else None
+    out = subprocess.run([sys.executable, "-c", code], env=env, cwd=ROOT, capture_output=True, text=True, check=True, preexec_fn=limit)
+    return tuple(int(v) for v in out.stdout.split())
+
+
+def test_gunicorn_runs_two_workers_unless_told_or_on_one_core(tmp_path):
+    env = {k: v for k, v in os.environ.items() if k not in ("WEB_CONCURRENCY", "GUNICORN_THREADS")}
+    env["PROMETHEUS_MULTIPROC_DIR"] = str(tmp_path)
+    if len(os.sched_getaffinity(0)) >= 2:
+        assert _gunicorn_layout(env) == (2, 16)
+    assert _gunicorn_layout(env, cores=1) == (1, 16)
+    assert _gunicorn_layout({**env, "WEB_CONCURRENCY": "3", "GUNICORN_THREADS": "4"}) == (3, 4)
+
+
 def test_install_uses_pyproject_extras_that_ci_installs_too():
     project = pyproject()
     extras = project["project"]["optional-dependencies"]
