@@ -68,3 +68,19 @@ def mirrored_run(tmp_path_factory, splits, mirrored_strategy):
         strategy=mirrored_strategy, splits=splits,
     )
     return output
+
+
+@pytest.fixture(scope="module")
+def app(model_base):
+    """The Flask app over the local backend and ``model_base``, with a 1 MiB upload limit."""
+    from serve import create_app
+
+    app = create_app({"TESTING": True, "MODEL_DIR": str(model_base), "MODEL_NAME": "cifar10", "MAX_UPLOAD_MB": 1})
+    app.extensions["serve.backend"].wait_loaded()
+    yield app
+    app.extensions["serve.backend"].close()
+
+
+@pytest.fixture()
+def client(app):
+    return app.test_client()

@@ -41,10 +41,26 @@ def make_splits(train_per_class=64, test_per_class=16, seed=0):
     return Splits(x_train, y_train, x_test, y_test, list(CLASS_NAMES), "synthetic")
 
 
-def encode(array, fmt="PNG", **kwargs):
+def encode(image, fmt="PNG", **kwargs):
+    """The bytes of ``image`` (a uint8 array or a Pillow image) saved as ``fmt``."""
+    if isinstance(image, np.ndarray):
+        image = Image.fromarray(image)
     buffer = io.BytesIO()
-    Image.fromarray(array).save(buffer, format=fmt, **kwargs)
+    image.save(buffer, format=fmt, **kwargs)
     return buffer.getvalue()
+
+
+def multipart(*files, **fields):
+    """``post()`` arguments: ``(filename, bytes)`` files in field ``file``, as browsers and ``requests`` encode them.
+
+    werkzeug's test client writes an empty file as a part with no body at all, not even the
+    blank line before the next boundary; real clients always send it. The server is tested
+    against what real clients send (the refusal of the other form is tested on its own).
+    """
+    from urllib3.filepost import encode_multipart_formdata
+
+    body, content_type = encode_multipart_formdata([("file", (name, data)) for name, data in files] + list(fields.items()))
+    return {"data": body, "content_type": content_type}
 
 
 def write_tree(root, splits, fmt="PNG"):

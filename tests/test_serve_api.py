@@ -16,21 +16,6 @@ LABELS = synthetic.CLASS_NAMES
 
 
 @pytest.fixture(scope="module")
-def app(model_base):
-    from serve import create_app
-
-    app = create_app({"TESTING": True, "MODEL_DIR": str(model_base), "MODEL_NAME": "cifar10", "MAX_UPLOAD_MB": 1})
-    app.extensions["serve.backend"].wait_loaded()
-    yield app
-    app.extensions["serve.backend"].close()
-
-
-@pytest.fixture()
-def client(app):
-    return app.test_client()
-
-
-@pytest.fixture(scope="module")
 def samples():
     """Held-out images of the three learnable classes, and their labels."""
     return synthetic.make_images(4, seed=7)
@@ -48,27 +33,8 @@ def upload(*files):
     return {"file": [(io.BytesIO(data), name) for name, data in files]}
 
 
-def multipart(*files, **fields):
-    """``post()`` arguments: a multipart body encoded as browsers and ``requests`` encode it.
-
-    werkzeug's test client writes an empty file as a part with no body at all, not even the
-    blank line before the next boundary; real clients always send it. The server is tested
-    against what real clients send (the refusal of the other form is tested on its own).
-    """
-    from urllib3.filepost import encode_multipart_formdata
-
-    body, content_type = encode_multipart_formdata([("file", (name, data)) for name, data in files] + list(fields.items()))
-    return {"data": body, "content_type": content_type}
-
-
 def b64(data):
     return base64.b64encode(data).decode("ascii")
-
-
-def encoded(image, fmt, **kw):
-    buffer = io.BytesIO()
-    image.save(buffer, format=fmt, **kw)
-    return buffer.getvalue()
 
 
 # -- predictions -------------------------------------------------------------------------
@@ -137,7 +103,7 @@ def test_partial_failure_keeps_good_images(client, samples):
     images, _ = samples
     response = client.post(
         "/api/v1/predict",
-        data=upload(("good.png", png(images[0])), ("notes.txt", b"hello"), ("scan.tif", encoded(Image.fromarray(images[1]), "TIFF"))),
+        data=upload(("good.png", png(images[0])), ("notes.txt", b"hello"), ("scan.tif", synthetic.encode(Image.fromarray(images[1]), "TIFF"))),
     )
     assert response.status_code == 200
     good, text, tiff = response.get_json()["predictions"]
@@ -159,7 +125,7 @@ def test_all_bad_is_4xx_naming_the_files(client):
 
 def _bomb():
     # 20000 x 20000 pixels declared (above the server's limit), a few hundred bytes compressed.
-    return encoded(Image.new("1", (20000, 20000)), "PNG")
+    return synthetic.encode(Image.new("1", (20000, 20000)), "PNG")
 
 
 def _truncated(images):
@@ -171,8 +137,8 @@ BAD_UPLOADS = {
     "not-an-image": (lambda images: b"this is plain text, not a picture", 400),
     "empty-file": (lambda images: b"", 400),
     "truncated-png": (_truncated, 400),
-    "tiff": (lambda images: encoded(Image.fromarray(images[0]), "TIFF"), 415),
-    "ico": (lambda images: encoded(Image.fromarray(images[0]), "ICO"), 415),
+    "tiff": (lambda images: synthetic.encode(Image.fromarray(images[0]), "TIFF"), 415),
+    "ico": (lambda images: synthetic.encode(Image.fromarray(images[0]), "ICO"), 415),
     "decompression-bomb": (lambda images: _bomb(), 413),
 }
 
@@ -180,7 +146,7 @@ BAD_UPLOADS = {
 @pytest.mark.parametrize("case", sorted(BAD_UPLOADS))
 def test_bad_upload(client, samples, case):
     make, status = BAD_UPLOADS[case]
-    response = client.post("/api/v1/predict", **multipart(("upload.bin", make(samples[0]))))
+    response = client.post("/api/v1/predict", **synthetic.multipart(("upload.bin", make(samples[0]))))
     assert response.status_code == status
     body = response.get_json()
     assert "upload.bin" in body["error"]
@@ -234,7 +200,7 @@ def test_uploads_stay_in_memory(client, monkeypatch):
 
     for name in ("TemporaryFile", "NamedTemporaryFile", "SpooledTemporaryFile", "mkstemp"):
         monkeypatch.setattr(tempfile, name, no_disk)
-    response = client.post("/api/v1/predict", **multipart(("big.bin", b"\1" * 700_000)))
+    response = client.post("/api/v1/predict", **synthetic.multipart(("big.bin", b"\1" * 700_000)))
     assert response.status_code == 400
     assert "big.bin" in response.get_json()["error"] and "not an image" in response.get_json()["error"]
 
@@ -257,7 +223,7 @@ def test_exif_orientation_is_applied(client):
     stored = Image.fromarray(upright).transpose(Image.Transpose.ROTATE_90)  # band now on the left
     exif = Image.Exif()
     exif[0x0112] = 6  # "rotate 90 CW to display"
-    data = encoded(stored, "JPEG", quality=95, exif=exif.tobytes())
+    data = synthetic.encode(stored, "JPEG", quality=95, exif=exif.tobytes())
     pixels, fmt = imaging.decode(data)
     assert fmt == "JPEG"
     assert pixels[:8].mean() > 200 and pixels[-8:].mean() < 50
@@ -286,7 +252,7 @@ def test_modes_and_formats_become_rgb(client, samples, mode):
     from serve import images as imaging
 
     image, fmt = _mode_cases(samples[0][0])[mode]
-    data = encoded(image, fmt, **({"lossless": True} if fmt == "WEBP" else {}))
+    data = synthetic.encode(image, fmt, **({"lossless": True} if fmt == "WEBP" else {}))
     pixels, _ = imaging.decode(data)
     assert pixels.shape == (32, 32, 3) and pixels.dtype == np.uint8
     if mode in ("L", "LA", "I;16"):  # grey stays grey, at the same brightness
@@ -305,7 +271,7 @@ def test_animated_gif_uses_first_frame(client, samples):
     buffer = io.BytesIO()
     frames[0].save(buffer, format="GIF", save_all=True, append_images=frames[1:])
     first, _ = imaging.decode(buffer.getvalue())
-    alone, _ = imaging.decode(encoded(frames[0], "GIF"))
+    alone, _ = imaging.decode(synthetic.encode(frames[0], "GIF"))
     assert (first == alone).all()
 
 
@@ -503,6 +469,6 @@ def test_form_results_show_images_labels_and_errors(client, samples):
 
 
 def test_form_without_files_says_so(client):
-    response = client.post("/", **multipart(("", b""), top_k="3"))
+    response = client.post("/", **synthetic.multipart(("", b""), top_k="3"))
     assert response.status_code == 400
     assert b"Choose one or more image files" in response.data

@@ -5,31 +5,9 @@ import io
 import numpy as np
 import pytest
 from PIL import Image
-from urllib3.filepost import encode_multipart_formdata
 
 import synthetic
 from serve import images as imaging
-
-
-@pytest.fixture(scope="module")
-def app(model_base):
-    from serve import create_app
-
-    app = create_app({"TESTING": True, "MODEL_DIR": str(model_base), "MAX_UPLOAD_MB": 1})
-    app.extensions["serve.backend"].wait_loaded()
-    yield app
-    app.extensions["serve.backend"].close()
-
-
-@pytest.fixture()
-def client(app):
-    return app.test_client()
-
-
-def encoded(image, fmt, **kw):
-    buffer = io.BytesIO()
-    image.save(buffer, format=fmt, **kw)
-    return buffer.getvalue()
 
 
 def photo_like(seed, size=32):
@@ -44,9 +22,8 @@ def photo_like(seed, size=32):
 
 
 def test_many_images_in_one_multipart_body(client):
-    files = [("file", (f"{i}.jpg", encoded(Image.fromarray(photo_like(i)), "JPEG"))) for i in range(40)]
-    body, content_type = encode_multipart_formdata(files + [("top_k", "2")])
-    response = client.post("/api/v1/predict", data=body, content_type=content_type)
+    files = [(f"{i}.jpg", synthetic.encode(photo_like(i), "JPEG")) for i in range(40)]
+    response = client.post("/api/v1/predict", **synthetic.multipart(*files, top_k="2"))
     assert response.status_code == 200
     predictions = response.get_json()["predictions"]
     assert [p["filename"] for p in predictions] == [f"{i}.jpg" for i in range(40)]
@@ -78,8 +55,7 @@ def test_a_part_without_even_an_empty_body_is_refused_clearly(client):
 
 
 def test_too_many_parts_is_413(client):
-    body, content_type = encode_multipart_formdata([("file", (f"{i}.png", b"x")) for i in range(1001)])
-    response = client.post("/api/v1/predict", data=body, content_type=content_type)
+    response = client.post("/api/v1/predict", **synthetic.multipart(*[(f"{i}.png", b"x") for i in range(1001)]))
     assert response.status_code == 413
     assert "too large" in response.get_json()["error"]
 
@@ -96,7 +72,7 @@ def test_bad_multipart_on_the_form_is_a_page(client):
 def _exif_rotated():
     exif = Image.Exif()
     exif[0x0112] = 6  # Orientation: rotate 90
-    return encoded(Image.fromarray(photo_like(50)), "JPEG", exif=exif.tobytes())
+    return synthetic.encode(photo_like(50), "JPEG", exif=exif.tobytes())
 
 
 def _uploads():
@@ -104,23 +80,23 @@ def _uploads():
     plain = []
     for seed in range(12):
         image = Image.fromarray(photo_like(seed))
-        plain.append(encoded(image, "JPEG", quality=60 + 3 * seed))
-        plain.append(encoded(image, "PNG"))
-    plain.append(encoded(Image.fromarray(photo_like(90)).convert("L"), "JPEG"))
-    plain.append(encoded(Image.fromarray(photo_like(91)).convert("L"), "PNG"))
-    plain.append(encoded(Image.fromarray(photo_like(92)), "JPEG", progressive=True, subsampling=2))
+        plain.append(synthetic.encode(image, "JPEG", quality=60 + 3 * seed))
+        plain.append(synthetic.encode(image, "PNG"))
+    plain.append(synthetic.encode(Image.fromarray(photo_like(90)).convert("L"), "JPEG"))
+    plain.append(synthetic.encode(Image.fromarray(photo_like(91)).convert("L"), "PNG"))
+    plain.append(synthetic.encode(photo_like(92), "JPEG", progressive=True, subsampling=2))
     plain.append(synthetic.encode(synthetic.make_images(1, seed=3)[0][0], "PNG"))
     pillow_only = [
         _exif_rotated(),
-        encoded(Image.fromarray(photo_like(60, size=48)), "JPEG"),  # needs a resize
-        encoded(Image.fromarray(photo_like(61)).convert("P"), "PNG"),  # palette
-        encoded(Image.fromarray(photo_like(62)).convert("RGBA"), "PNG"),  # alpha
-        encoded(Image.fromarray(photo_like(63)).convert("CMYK"), "JPEG"),
-        encoded(Image.fromarray((photo_like(64)[..., 0].astype(np.uint16) * 257)), "PNG"),  # 16-bit
-        encoded(Image.fromarray(photo_like(65)), "GIF"),
-        encoded(Image.fromarray(photo_like(66)), "BMP"),
+        synthetic.encode(photo_like(60, size=48), "JPEG"),  # needs a resize
+        synthetic.encode(Image.fromarray(photo_like(61)).convert("P"), "PNG"),  # palette
+        synthetic.encode(Image.fromarray(photo_like(62)).convert("RGBA"), "PNG"),  # alpha
+        synthetic.encode(Image.fromarray(photo_like(63)).convert("CMYK"), "JPEG"),
+        synthetic.encode(Image.fromarray((photo_like(64)[..., 0].astype(np.uint16) * 257)), "PNG"),  # 16-bit
+        synthetic.encode(photo_like(65), "GIF"),
+        synthetic.encode(photo_like(66), "BMP"),
     ]
-    broken = [b"", b"not an image", encoded(Image.fromarray(photo_like(70)), "TIFF")]
+    broken = [b"", b"not an image", synthetic.encode(photo_like(70), "TIFF")]
     return plain, pillow_only, broken
 
 
@@ -158,7 +134,7 @@ def test_batch_decode_gives_pillows_pixels_and_only_plain_images_skip_pillow(mon
 
 def test_damaged_data_in_a_batch_is_named_and_the_rest_decoded():
     plain, _, _ = _uploads()
-    good = encoded(Image.fromarray(photo_like(80)), "JPEG")
+    good = synthetic.encode(photo_like(80), "JPEG")
     truncated = good[: len(good) - 200]  # the header is whole, the scan is cut short
     datas = plain[:20] + [truncated]
     results = imaging.decode_many(datas)
