@@ -37,6 +37,16 @@ OUTPUTS = (OUTPUT_PROBABILITIES, OUTPUT_CLASS_IDS, OUTPUT_CLASS_NAMES)
 #: Files the training stage hands to the export stage.
 WEIGHTS_FILE = "model.weights.h5"
 MANIFEST_FILE = "manifest.json"
+#: A seeded sample of the run's training and test images (uint8), for export to calibrate
+#: and verify quantized models: arrays ``train_images``, ``train_labels``, ``test_images``,
+#: ``test_labels``.
+SAMPLES_FILE = "samples.npz"
+
+#: Beside ``saved_model.pb`` in a version directory: the ``serving_default`` signature as a
+#: LiteRT model in float32 (the name TF Serving loads with ``--prefer_tflite_model``), and
+#: the same quantized to int8. Export writes each only after it agreed with the SavedModel.
+LITERT_FILE = "model.tflite"
+LITERT_INT8_FILE = "model.int8.tflite"
 
 #: Inside a SavedModel version directory: a copy of the manifest, and TF Serving's
 #: warmup records.

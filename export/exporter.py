@@ -116,25 +116,18 @@ def run(run_dir, model_dir=DEFAULT_MODEL_DIR, name=DEFAULT_MODEL_NAME, version=N
 
 
 def _read_manifest(run_dir):
+    """The run's manifest as a dict, validated by :mod:`contract.manifest` (one definition for every stage)."""
+    from contract import manifest as manifests
+
     path = os.path.join(run_dir, MANIFEST_FILE)
     if not os.path.isdir(run_dir):
         raise ExportError(f"run directory {run_dir} does not exist")
     if not os.path.isfile(path):
         raise ExportError(f"no {MANIFEST_FILE} in {run_dir} (is training finished?)")
     try:
-        with open(path) as f:
-            manifest = json.load(f)
-        # Touch every field export relies on, so a truncated manifest fails here, once.
-        manifest["model"]["name"], manifest["class_names"], manifest["num_classes"]
-        manifest["fingerprint"]["seed"], manifest["fingerprint"]["shape"], manifest["fingerprint"]["outputs"]
-    except (OSError, ValueError) as exc:
-        raise ExportError(f"cannot read {path}: {exc}") from None
-    except (KeyError, TypeError) as exc:
-        raise ExportError(f"{path} lacks field {exc}") from None
-    if len(manifest["class_names"]) != manifest["num_classes"]:
-        raise ExportError(f"{path} lists {len(manifest['class_names'])} class names for "
-                          f"{manifest['num_classes']} classes")
-    return manifest
+        return manifests.read(path).to_dict()
+    except manifests.ManifestError as exc:
+        raise ExportError(str(exc)) from None
 
 
 def _rebuild(manifest, weights_path):

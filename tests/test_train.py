@@ -10,7 +10,7 @@ import pytest
 
 import synthetic
 from contract import MANIFEST_FILE, WEIGHTS_FILE
-from train import accelerators, data, models, report, trainer
+from train import data, hardware, models, report, tf_devices, trainer
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -248,11 +248,11 @@ def test_evaluation_counts_every_test_image_once():
 
 
 def test_precision_auto():
-    assert accelerators.resolve_precision("auto", "tpu") == "mixed_bfloat16"
-    assert accelerators.resolve_precision("auto", "gpu") == "mixed_float16"
-    expected = "mixed_bfloat16" if accelerators.cpu_has_bf16() else "float32"
-    assert accelerators.resolve_precision("auto", "cpu") == expected
-    assert accelerators.resolve_precision("float32", "tpu") == "float32"
+    assert hardware.resolve_precision("auto", "tpu") == "mixed_bfloat16"
+    assert hardware.resolve_precision("auto", "gpu") == "mixed_float16"
+    expected = "mixed_bfloat16" if hardware.cpu_has_bf16() else "float32"
+    assert hardware.resolve_precision("auto", "cpu") == expected
+    assert hardware.resolve_precision("float32", "tpu") == "float32"
 
 
 # --- a real run -------------------------------------------------------------------------
@@ -361,7 +361,7 @@ def test_tf_config_selects_multi_worker_mirrored_strategy():
 
     code = (
         "import tensorflow as tf\n"
-        "from train import accelerators as a\n"
+        "from train import tf_devices as a\n"
         "s = a.select_strategy('auto')\n"
         "print(isinstance(s, tf.distribute.MultiWorkerMirroredStrategy), a.is_chief(s))\n"
     )
@@ -379,7 +379,7 @@ def test_tf_config_selects_multi_worker_mirrored_strategy():
     ("worker", 0, {"chief": ["c:1"], "worker": ["a:1"]}, False),
 ])
 def test_only_the_chief_writes_the_run_directory(task_type, task_id, cluster, chief):
-    assert accelerators.is_chief_task(task_type, task_id, cluster) is chief
+    assert hardware.is_chief_task(task_type, task_id, cluster) is chief
 
 
 def test_tf_config_that_is_not_json_is_a_clear_error(tmp_path, capsys, monkeypatch):

@@ -3,14 +3,18 @@
 Typical usage::
 
     python -m train --data cifar10 --output runs/seed --epochs 50
-    python -m train --data ../shared/data/cifar10-jpeg.zip --output runs/seed --tpu local
+    python -m train --backend jax --data ../shared/data/cifar10-jpeg.zip --output runs/seed
 
-Everything goes under ``--output DIR``:
+The same registered models and recipes train under either Keras backend: JAX (what TPUs
+run today; data parallel over every local device) or TensorFlow (tf.distribute strategies).
+The input pipeline is tf.data on the host for both. Everything goes under ``--output DIR``:
 
-* ``model.weights.h5`` - the trained weights, float32, copied to the host;
+* ``model.weights.h5`` - the trained weights, float32, copied to the host (backend-neutral:
+  export loads them under TensorFlow whichever backend trained);
 * ``manifest.json`` - what export needs to rebuild and verify the model (written last:
   its presence means the run is complete);
 * ``eval/`` - test accuracy, per-class accuracy and the confusion matrix (JSON and PNG);
+* ``samples.npz`` - a seeded sample of training and test images for export's quantization;
 * ``history.csv`` and ``curves.png``; ``logs/`` for TensorBoard; ``backup/`` while running.
 
 Re-running the same command after a kill resumes from the last finished epoch.
@@ -19,7 +23,6 @@ Re-running the same command after a kill resumes from the last finished epoch.
 import argparse
 import dataclasses
 import datetime
-import json
 import os
 import platform
 import shutil
@@ -27,14 +30,15 @@ import sys
 import tempfile
 import time
 
-from contract import CHANNELS, IMAGE_SIZE, MANIFEST_FILE, RESIZE_METHOD, WEIGHTS_FILE, sha256_file
+from contract import CHANNELS, IMAGE_SIZE, MANIFEST_FILE, RESIZE_METHOD, SAMPLES_FILE, WEIGHTS_FILE, sha256_file
+from contract import manifest as manifests
 
 DEFAULT_DATA = "cifar10"
 DEFAULT_OUTPUT = "runs/latest"
 DEFAULT_MODEL = "seed_cnn"
 DEFAULT_PROBE_SEED = 20180921
+SAMPLE_IMAGES = 500  # per split, handed to export for calibration and verification
 TPU_STEPS_PER_EXECUTION = 32  # amortises host round trips on a TPU
-MANIFEST_FORMAT = 1
 
 
 class UsageError(Exception):
@@ -46,6 +50,7 @@ class Config:
     data: str = DEFAULT_DATA
     output: str = DEFAULT_OUTPUT
     model: str = DEFAULT_MODEL
+    backend: str = "auto"  # "jax", "tensorflow", or "auto" (see train.hardware.pick_backend)
     epochs: int = None  # None: the model's recipe
     batch_size: int = None  # per replica; None: the recipe's (128 for seed_cnn, as the seed tutorial)
     learning_rate: float = None  # None: the recipe's rate, scaled to the global batch
@@ -62,76 +67,76 @@ class Config:
     verbose: int = 1
 
 
+@dataclasses.dataclass
+class Plan:
+    """The resolved settings of one run: the recipe, then the flags, then the hardware."""
+
+    epochs: int
+    batch_size: int  # per replica
+    global_batch: int
+    steps_per_epoch: int
+    learning_rate: float
+    schedule: str
+    augment: bool
+    crop_padding: int
+    label_smoothing: float
+    precision: str
+    steps_per_execution: int
+
+
 def run(config, strategy=None, splits=None):
-    """Train as ``config`` says and return the manifest.
+    """Train as ``config`` says and return the manifest as a dict (None on a non-chief worker).
 
     Args:
       strategy: a ``tf.distribute.Strategy`` to use instead of picking one (tests pass
-        an 8-replica MirroredStrategy here).
+        an 8-replica MirroredStrategy here); implies the TensorFlow backend.
       splits: a :class:`train.data.Splits` to use instead of loading ``config.data``.
     """
-    import keras
-    import numpy as np
-    import tensorflow as tf
+    from train import hardware
 
-    from train import accelerators, data, models, report
+    output = os.path.abspath(config.output)
+    manifest_path = os.path.join(output, MANIFEST_FILE)
+    if os.path.exists(manifest_path) and not config.overwrite:
+        try:
+            finished = manifests.read(manifest_path)
+        except manifests.ManifestError as exc:
+            raise UsageError(f"{exc}; pass --overwrite to train again") from None
+        _say(config, f"{output} already holds a finished run ({finished.model.name}); "
+                     "pass --overwrite to train again")
+        return finished.to_dict()
+
+    # Everything that can fail on bad input happens before anything is written.
+    backend = _choose_backend(config, strategy)
+    from train import data, models
 
     try:
         recipe = models.recipe(config.model)
     except ValueError as exc:
         raise UsageError(str(exc)) from None
-    output = os.path.abspath(config.output)
-    manifest_path = os.path.join(output, MANIFEST_FILE)
-    if os.path.exists(manifest_path) and not config.overwrite:
-        with open(manifest_path) as f:
-            manifest = json.load(f)
-        _say(config, f"{output} already holds a finished run ({manifest['model']['name']}); "
-                     "pass --overwrite to train again")
-        return manifest
-
-    # Everything that can fail on bad input happens before anything is written.
-    if strategy is None:
-        try:
-            strategy = accelerators.select_strategy(config.tpu)
-        except accelerators.AcceleratorError as exc:
-            raise UsageError(str(exc)) from None
-    if splits is None:
-        try:
-            splits = data.load(config.data)
-        except data.DataError as exc:
-            raise UsageError(str(exc)) from None
-    hardware = accelerators.kind(strategy)
     try:
-        precision = accelerators.resolve_precision(config.precision, hardware)
-    except accelerators.AcceleratorError as exc:
+        placement = _place(backend, config.tpu, strategy)
+        if splits is None:
+            splits = data.load(config.data)
+        plan = _plan(config, recipe, placement, len(splits.x_train))
+    except (hardware.AcceleratorError, data.DataError) as exc:
         raise UsageError(str(exc)) from None
-
-    epochs = config.epochs or recipe.epochs
-    augment = recipe.augment if config.augment is None else config.augment
-    crop_padding = recipe.crop_padding if config.crop_padding is None else config.crop_padding
-    schedule = config.schedule or recipe.schedule
-    label_smoothing = recipe.label_smoothing if config.label_smoothing is None else config.label_smoothing
-    replicas = strategy.num_replicas_in_sync
-    batch_size = config.batch_size or recipe.batch_size
-    global_batch = batch_size * replicas
-    steps_per_epoch = len(splits.x_train) // global_batch
-    if steps_per_epoch < 1:
-        raise UsageError(f"{len(splits.x_train)} training images are fewer than one global batch of {global_batch}")
-    learning_rate = config.learning_rate or _scaled_rate(recipe, global_batch)
-    steps_per_execution = config.steps_per_execution or (TPU_STEPS_PER_EXECUTION if hardware == "tpu" else 1)
-    chief = accelerators.is_chief(strategy)
-    # Non-chief workers must still write (collectives need everyone); they write to scratch.
-    workdir = output if chief else tempfile.mkdtemp(prefix="train-worker-")
+    # Non-chief workers must still write (collectives need everyone): each into a folder of its
+    # own that stays put across restarts, so every worker resumes from its own backup.
+    workdir = output if placement.chief else os.path.join(output, f".{placement.worker}")
     try:
         os.makedirs(workdir, exist_ok=True)
     except OSError as exc:
         raise UsageError(f"cannot create output directory {output}: {exc.strerror}") from None
 
-    _say(config, f"strategy={type(strategy).__name__} hardware={hardware} replicas={replicas} "
-                 f"global_batch={global_batch} precision={precision} model={config.model} epochs={epochs} "
-                 f"lr={learning_rate:.4g} schedule={schedule} augment={_describe_augmentation(augment, crop_padding)} steps_per_execution={steps_per_execution}")
+    if placement.note:
+        _say(config, placement.note)
+    _say(config, f"backend={backend} strategy={placement.name} hardware={placement.hardware} "
+                 f"replicas={placement.replicas} global_batch={plan.global_batch} precision={plan.precision} "
+                 f"model={config.model} epochs={plan.epochs} lr={plan.learning_rate:.4g} schedule={plan.schedule} "
+                 f"augment={_describe_augmentation(plan.augment, plan.crop_padding)} "
+                 f"steps_per_execution={plan.steps_per_execution}")
 
-    if config.overwrite and chief and os.path.exists(manifest_path):
+    if config.overwrite and placement.chief and os.path.exists(manifest_path):
         # Train a finished run again from scratch. An interrupted one (no manifest yet)
         # keeps its backup, so re-running this same command after a kill still resumes.
         shutil.rmtree(os.path.join(workdir, "backup"), ignore_errors=True)
@@ -139,73 +144,161 @@ def run(config, strategy=None, splits=None):
             if os.path.exists(os.path.join(workdir, stale)):
                 os.remove(os.path.join(workdir, stale))
 
-    keras.utils.set_random_seed(config.seed)
-    one_hot = label_smoothing > 0
-    num_classes = splits.num_classes
-    train_ds = data.train_dataset(
-        splits.x_train, splits.y_train, global_batch, augment, seed=config.seed, crop_padding=crop_padding
+    model, wall_time = _fit(config, recipe, plan, placement, splits, workdir)
+    if not placement.chief:
+        shutil.rmtree(workdir, ignore_errors=True)
+        return None
+    weights_path = os.path.join(output, WEIGHTS_FILE)
+    _save_weights_atomically(model, weights_path)
+    manifest = _hand_over(config, recipe, plan, placement, splits, output, wall_time)
+    _say(config, f"test accuracy {manifest.metrics['test_accuracy']:.4f} on {manifest.metrics['test_images']} "
+                 f"images; weights and manifest in {output}")
+    return manifest.to_dict()
+
+
+def _choose_backend(config, strategy):
+    """The backend for this run, checked against a Keras this process may already have loaded."""
+    from train import hardware
+
+    loaded = hardware.loaded_backend()
+    requested = "tensorflow" if strategy is not None else config.backend
+    if requested == "auto" and loaded:
+        return loaded
+    try:
+        backend = hardware.pick_backend(requested)
+    except hardware.AcceleratorError as exc:
+        raise UsageError(str(exc)) from None
+    if loaded and loaded != backend:
+        raise UsageError(f"Keras is already loaded with the {loaded} backend in this process; "
+                         f"train with --backend {backend} in a new process")
+    if not loaded:
+        hardware.prepare_environment(backend)
+    return backend
+
+
+def _place(backend, tpu, strategy):
+    if backend == "jax":
+        from train import jax_devices
+
+        return jax_devices.placement(tpu)
+    from train import tf_devices
+
+    return tf_devices.placement(tpu, strategy)
+
+
+def _plan(config, recipe, placement, train_images):
+    from train import hardware
+
+    batch_size = config.batch_size or recipe.batch_size
+    global_batch = batch_size * placement.replicas
+    steps_per_epoch = train_images // global_batch
+    if steps_per_epoch < 1:
+        raise UsageError(f"{train_images} training images are fewer than one global batch of {global_batch}")
+    return Plan(
+        epochs=config.epochs or recipe.epochs,
+        batch_size=batch_size,
+        global_batch=global_batch,
+        steps_per_epoch=steps_per_epoch,
+        learning_rate=config.learning_rate or _scaled_rate(recipe, global_batch),
+        schedule=config.schedule or recipe.schedule,
+        augment=recipe.augment if config.augment is None else config.augment,
+        crop_padding=recipe.crop_padding if config.crop_padding is None else config.crop_padding,
+        label_smoothing=recipe.label_smoothing if config.label_smoothing is None else config.label_smoothing,
+        precision=hardware.resolve_precision(config.precision, placement.hardware),
+        steps_per_execution=config.steps_per_execution
+        or (TPU_STEPS_PER_EXECUTION if placement.hardware == "tpu" else 1),
     )
-    val_ds = data.eval_dataset(splits.x_test, splits.y_test, global_batch)
+
+
+def _fit(config, recipe, plan, placement, splits, workdir):
+    """Build, compile and fit under ``placement``; returns the model and the wall time in seconds."""
+    import keras
+    import tensorflow as tf
+
+    from train import data, models
+
+    if placement.backend != "tensorflow":
+        # tf.data only feeds the host; keep TensorFlow off the accelerators JAX is using.
+        tf.config.set_visible_devices([], "GPU")
+    keras.utils.set_random_seed(config.seed)
+    one_hot = plan.label_smoothing > 0
+    num_classes = splits.num_classes
+    train_ds = data.train_dataset(splits.x_train, splits.y_train, plan.global_batch, plan.augment,
+                                  seed=config.seed, crop_padding=plan.crop_padding)
+    val_ds = data.eval_dataset(splits.x_test, splits.y_test, plan.global_batch)
     if one_hot:
         train_ds = train_ds.map(lambda x, y: (x, tf.one_hot(y, num_classes)))
         val_ds = val_ds.map(lambda x, y, w: (x, tf.one_hot(y, num_classes), w))
 
     previous_policy = keras.mixed_precision.global_policy()
-    keras.mixed_precision.set_global_policy(precision)
+    keras.mixed_precision.set_global_policy(plan.precision)
     try:
-        with strategy.scope():
+        with placement.scope():
             model = models.build_model(config.model, num_classes)
             model.compile(
-                optimizer=_optimizer(recipe, learning_rate, schedule, epochs * steps_per_epoch),
-                loss=(keras.losses.CategoricalCrossentropy(label_smoothing=label_smoothing) if one_hot
+                optimizer=_optimizer(recipe, plan.learning_rate, plan.schedule, plan.epochs * plan.steps_per_epoch),
+                loss=(keras.losses.CategoricalCrossentropy(label_smoothing=plan.label_smoothing) if one_hot
                       else keras.losses.SparseCategoricalCrossentropy()),
                 # Weighted, so the zero-weight padding of the last evaluation batch never counts.
                 weighted_metrics=["accuracy"],
-                steps_per_execution=steps_per_execution,
+                steps_per_execution=plan.steps_per_execution,
             )
-        callbacks = [
-            keras.callbacks.BackupAndRestore(os.path.join(workdir, "backup")),
-            report.EpochTimer(),
-            keras.callbacks.CSVLogger(os.path.join(workdir, "history.csv"), append=True),
-            keras.callbacks.TensorBoard(
-                os.path.join(workdir, "logs"), profile_batch=config.profile_steps or 0
-            ),
-        ]
-        started = time.monotonic()
-        model.fit(
-            train_ds,
-            epochs=epochs,
-            steps_per_epoch=steps_per_epoch,
-            validation_data=val_ds,
-            shuffle=False,  # the dataset shuffles itself
-            callbacks=callbacks,
-            verbose=config.verbose,
-        )
-        wall_time = time.monotonic() - started
-        weights_path = os.path.join(workdir, WEIGHTS_FILE)
-        _save_weights_atomically(model, weights_path)
+            started = time.monotonic()
+            model.fit(
+                train_ds,
+                epochs=plan.epochs,
+                steps_per_epoch=plan.steps_per_epoch,
+                validation_data=val_ds,
+                shuffle=False,  # the dataset shuffles itself
+                callbacks=_callbacks(config, placement, workdir),
+                verbose=config.verbose,
+            )
+            return model, time.monotonic() - started
     finally:
         keras.mixed_precision.set_global_policy(previous_policy)
 
-    if not chief:
-        return None
 
-    # The handover: a fresh float32 model on the host, from the saved file alone.
-    with tf.distribute.OneDeviceStrategy("/cpu:0").scope():
-        host_model = models.build_model(config.model, num_classes)
+def _callbacks(config, placement, workdir):
+    import keras
+
+    from train import report
+
+    logs = os.path.join(workdir, "logs")
+    tensorboard_profile = config.profile_steps if placement.backend == "tensorflow" else None
+    callbacks = [
+        keras.callbacks.BackupAndRestore(os.path.join(workdir, "backup")),
+        report.EpochTimer(),
+        keras.callbacks.CSVLogger(os.path.join(workdir, "history.csv"), append=True),
+        keras.callbacks.TensorBoard(logs, profile_batch=tensorboard_profile or 0),
+    ]
+    if config.profile_steps and placement.backend == "jax":
+        from train import jax_devices
+
+        callbacks.append(jax_devices.Profile(os.path.join(logs, "train"), *config.profile_steps))
+    return callbacks
+
+
+def _hand_over(config, recipe, plan, placement, splits, output, wall_time):
+    """Rebuild the model on the host from the saved file alone, evaluate it, write samples and manifest."""
+    import keras
+    import numpy as np
+
+    from train import models, report
+
+    weights_path = os.path.join(output, WEIGHTS_FILE)
+    host_model = _host_model(config.model, splits.num_classes, placement.backend)
     host_model.load_weights(weights_path)
     probe = models.probe_batch(DEFAULT_PROBE_SEED)
-    probe_outputs = host_model(probe.astype("float32"), training=False).numpy()
+    probe_outputs = keras.ops.convert_to_numpy(host_model(probe.astype("float32"), training=False))
     evaluation = report.evaluate(host_model, splits, os.path.join(output, "eval"))
     report.plot_history(os.path.join(output, "history.csv"), os.path.join(output, "curves.png"))
+    samples = _write_samples(splits, os.path.join(output, SAMPLES_FILE), config.seed)
 
-    manifest = {
-        "format": MANIFEST_FORMAT,
-        "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-        "model": {"name": config.model, "kwargs": {}},
-        "class_names": list(splits.class_names),
-        "num_classes": num_classes,
-        "input": {
+    manifest = manifests.Manifest(
+        created=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        model=manifests.ModelSpec(config.model),
+        class_names=list(splits.class_names),
+        input={
             "shape": [IMAGE_SIZE, IMAGE_SIZE, CHANNELS],
             "dtype": "uint8",
             "range": [0, 255],
@@ -213,48 +306,79 @@ def run(config, strategy=None, splits=None):
             "resize": RESIZE_METHOD,
             "preprocessing": "none outside the model: raw pixels in, normalisation is the model's first layer",
         },
-        "weights": {"file": WEIGHTS_FILE, "dtype": "float32", "sha256": sha256_file(weights_path)},
-        "training": {
+        weights=manifests.Weights(file=WEIGHTS_FILE, sha256=sha256_file(weights_path)),
+        training={
             "data": splits.source or config.data,
             "train_images": int(len(splits.x_train)),
             "test_images": int(len(splits.x_test)),
-            "strategy": type(strategy).__name__,
-            "hardware": hardware,
-            "replicas": replicas,
-            "batch_size_per_replica": batch_size,
-            "global_batch": global_batch,
-            "precision": precision,
-            "epochs": epochs,
-            "steps_per_epoch": steps_per_epoch,
-            "steps_per_execution": steps_per_execution,
+            "backend": placement.backend,
+            "strategy": placement.name,
+            "hardware": placement.hardware,
+            "replicas": placement.replicas,
+            "batch_size_per_replica": plan.batch_size,
+            "global_batch": plan.global_batch,
+            "precision": plan.precision,
+            "epochs": plan.epochs,
+            "steps_per_epoch": plan.steps_per_epoch,
+            "steps_per_execution": plan.steps_per_execution,
             "optimizer": recipe.optimizer,
-            "learning_rate": learning_rate,
-            "schedule": schedule,
-            "augment": augment,
-            "crop_padding": crop_padding,
-            "label_smoothing": label_smoothing,
+            "learning_rate": plan.learning_rate,
+            "schedule": plan.schedule,
+            "augment": plan.augment,
+            "crop_padding": plan.crop_padding,
+            "label_smoothing": plan.label_smoothing,
             "weight_decay": recipe.weight_decay,
             "seed": config.seed,
             "wall_time_s": round(wall_time, 1),
         },
-        "metrics": {
+        metrics={
             "test_accuracy": evaluation["accuracy"],
             "test_loss": evaluation["loss"],
             "test_images": evaluation["count"],
         },
-        "versions": _versions(),
-        "fingerprint": {
-            "seed": DEFAULT_PROBE_SEED,
-            "shape": list(probe.shape),
-            "dtype": "uint8",
-            "inputs_sha256": models.probe_digest(probe),
-            "outputs": np.asarray(probe_outputs, dtype=np.float32).tolist(),
-        },
-    }
-    _write_json_atomically(manifest_path, manifest)
-    _say(config, f"test accuracy {evaluation['accuracy']:.4f} on {evaluation['count']} images; "
-                 f"weights and manifest in {output}")
+        versions=_versions(placement.backend),
+        fingerprint=manifests.Fingerprint(
+            seed=DEFAULT_PROBE_SEED,
+            shape=list(probe.shape),
+            inputs_sha256=models.probe_digest(probe),
+            outputs=np.asarray(probe_outputs, dtype=np.float32).tolist(),
+        ),
+        samples=samples,
+    )
+    manifests.write(os.path.join(output, MANIFEST_FILE), manifest)
     return manifest
+
+
+def _host_model(name, num_classes, backend):
+    """A float32 model built outside any distribution (one device), as export will build it."""
+    from train import models
+
+    if backend == "tensorflow":
+        import tensorflow as tf
+
+        # One device: tests (and multi-GPU hosts) may have several, and the handover needs none of them.
+        with tf.distribute.OneDeviceStrategy("/cpu:0").scope():
+            return models.build_model(name, num_classes)
+    return models.build_model(name, num_classes)
+
+
+def _write_samples(splits, path, seed):
+    """A seeded subset of each split, uint8, for export to calibrate and verify quantized models."""
+    import numpy as np
+
+    rng = np.random.default_rng(seed)
+    chosen = {}
+    for split, (x, y) in {"train": (splits.x_train, splits.y_train), "test": (splits.x_test, splits.y_test)}.items():
+        index = np.sort(rng.choice(len(x), size=min(SAMPLE_IMAGES, len(x)), replace=False))
+        chosen[f"{split}_images"] = np.ascontiguousarray(x[index], dtype=np.uint8)
+        chosen[f"{split}_labels"] = np.asarray(y[index], dtype=np.int64)
+    fd, tmp = tempfile.mkstemp(dir=os.path.dirname(path), prefix=".tmp-", suffix=".npz")
+    with os.fdopen(fd, "wb") as f:
+        np.savez(f, **chosen)
+    os.chmod(tmp, 0o644)
+    os.replace(tmp, path)
+    return manifests.Samples(file=os.path.basename(path), train=len(chosen["train_images"]),
+                             test=len(chosen["test_images"]), sha256=sha256_file(path), seed=seed)
 
 
 def _describe_augmentation(augment, crop_padding):
@@ -304,28 +428,24 @@ def _save_weights_atomically(model, path):
             os.remove(tmp)
 
 
-def _write_json_atomically(path, obj):
-    fd, tmp = tempfile.mkstemp(dir=os.path.dirname(path), prefix=".tmp-", suffix=".json")
-    with os.fdopen(fd, "w") as f:
-        json.dump(obj, f, indent=2)
-        f.write("\n")
-    os.chmod(tmp, 0o644)
-    os.replace(tmp, path)
-
-
-def _versions():
+def _versions(backend):
     import h5py
     import keras
     import numpy
     import tensorflow
 
-    return {
+    versions = {
         "python": platform.python_version(),
         "tensorflow": tensorflow.__version__,
         "keras": keras.__version__,
         "numpy": numpy.__version__,
         "h5py": h5py.__version__,
     }
+    if backend == "jax":
+        import jax
+
+        versions["jax"] = jax.__version__
+    return versions
 
 
 def _say(config, line):
@@ -360,7 +480,7 @@ _positive_int = _int_at_least(1)
 
 
 def build_parser():
-    from train.accelerators import PRECISIONS
+    from train.hardware import BACKENDS, PRECISIONS
 
     p = argparse.ArgumentParser(prog="python -m train", description=__doc__.split("\n\n")[0])
     p.add_argument("--data", default=os.environ.get("CIFAR_DATA", DEFAULT_DATA),
@@ -368,6 +488,9 @@ def build_parser():
                         "images, or cifar-10-binary.tar.gz (default: $CIFAR_DATA or cifar10)")
     p.add_argument("--output", default=DEFAULT_OUTPUT, help="run directory for weights, manifest, logs (default: %(default)s)")
     p.add_argument("--model", default=DEFAULT_MODEL, help="registered model name (default: %(default)s)")
+    p.add_argument("--backend", choices=BACKENDS, default="auto",
+                   help="Keras backend: jax (TPUs, GPUs, CPU), tensorflow, or auto: $KERAS_BACKEND if set, "
+                        "else jax on a TPU host and tensorflow elsewhere (default: %(default)s)")
     p.add_argument("--epochs", type=_positive_int, help="passes over the training set (default: the model's recipe)")
     p.add_argument("--batch-size", type=_positive_int,
                    help="images per replica per step; the global batch is this times the replicas "
@@ -397,7 +520,7 @@ def build_parser():
 def main(argv=None):
     args = build_parser().parse_args(argv)
     config = Config(
-        data=args.data, output=args.output, model=args.model, epochs=args.epochs, batch_size=args.batch_size,
+        data=args.data, output=args.output, model=args.model, backend=args.backend, epochs=args.epochs, batch_size=args.batch_size,
         learning_rate=args.learning_rate, schedule=args.schedule, augment=args.augment,
         crop_padding=args.crop_padding, label_smoothing=args.label_smoothing, precision=args.precision, tpu=args.tpu,
         steps_per_execution=args.steps_per_execution, profile_steps=args.profile_steps, seed=args.seed,

@@ -1,32 +1,18 @@
-"""Pick the distribution strategy and the precision for whatever hardware is present.
+"""TensorFlow backend: the tf.distribute strategy for whatever hardware is present.
 
-Order: a TPU (asked for by name, ``local`` on TPU VMs and Colab, or found by
-``auto``); several GPUs -> MirroredStrategy; ``TF_CONFIG`` -> MultiWorkerMirroredStrategy;
-else the default strategy. A TPU that was asked for by name and is not there is an
-:class:`AcceleratorError`, never a silent fallback to the CPU.
+Order: a TPU (asked for by name, ``local`` on TPU VMs, or found by ``auto``); ``TF_CONFIG``
+-> MultiWorkerMirroredStrategy; several GPUs -> MirroredStrategy; else the default strategy.
+A TPU that was asked for by name and is not there is an :class:`AcceleratorError`, never a
+silent fallback to the CPU. On current TPU VMs TensorFlow reaches the chips through the PJRT
+plugin, whose environment :func:`train.hardware.prepare_environment` sets before import.
 """
 
-import glob
 import json
 import os
 
 import tensorflow as tf
 
-PRECISIONS = ("auto", "float32", "mixed_bfloat16", "mixed_float16")
-
-
-class AcceleratorError(RuntimeError):
-    """The requested accelerator is not usable; the message says why in one line."""
-
-
-def tpu_present():
-    """Whether this machine looks like a TPU host (TPU VM devices or a TPU address in the environment)."""
-    return bool(
-        glob.glob("/dev/accel*")
-        or glob.glob("/dev/vfio/[0-9]*")
-        or os.environ.get("TPU_NAME")
-        or os.environ.get("COLAB_TPU_ADDR")
-    )
+from train.hardware import AcceleratorError, Placement, is_chief_task, tpu_present
 
 
 def connect_tpu(tpu):
@@ -63,6 +49,23 @@ def select_strategy(tpu="auto"):
     return tf.distribute.get_strategy()
 
 
+def placement(tpu="auto", strategy=None):
+    """The :class:`Placement` for ``strategy`` (chosen by :func:`select_strategy` when None)."""
+    if strategy is None:
+        strategy = select_strategy(tpu)
+    task_type, task_id = _task(strategy)
+    return Placement(
+        backend="tensorflow",
+        name=type(strategy).__name__,
+        hardware=kind(strategy),
+        replicas=strategy.num_replicas_in_sync,
+        chief=is_chief(strategy),
+        worker="chief" if task_type is None else f"{task_type}-{task_id}",
+        scope=strategy.scope,
+        strategy=strategy,
+    )
+
+
 def kind(strategy):
     """A short name for the hardware behind ``strategy``: "tpu", "gpu" or "cpu"."""
     if isinstance(strategy, tf.distribute.TPUStrategy):
@@ -74,41 +77,16 @@ def kind(strategy):
     return "gpu" if any("GPU" in d.upper() for d in devices) else "cpu"
 
 
-def cpu_has_bf16():
-    """Whether the CPU has bfloat16 units (AVX512-BF16 or AMX), where mixed bfloat16 pays off."""
-    try:
-        with open("/proc/cpuinfo") as f:
-            flags = f.read()
-    except OSError:
-        return False
-    return "avx512_bf16" in flags or "amx_bf16" in flags
-
-
-def resolve_precision(precision, hardware):
-    """Turn "auto" into a concrete Keras dtype policy name for ``hardware``."""
-    if precision not in PRECISIONS:
-        raise AcceleratorError(f"unknown precision {precision!r}; choose from {', '.join(PRECISIONS)}")
-    if precision != "auto":
-        return precision
-    if hardware == "tpu":
-        return "mixed_bfloat16"
-    if hardware == "gpu":
-        return "mixed_float16"
-    return "mixed_bfloat16" if cpu_has_bf16() else "float32"
+def _task(strategy):
+    resolver = getattr(strategy, "cluster_resolver", None)
+    if not isinstance(strategy, tf.distribute.MultiWorkerMirroredStrategy) or resolver is None:
+        return None, None
+    return resolver.task_type, resolver.task_id
 
 
 def is_chief(strategy):
     """Whether this worker writes the run's files (always true outside multi-worker training)."""
-    resolver = getattr(strategy, "cluster_resolver", None)
-    if not isinstance(strategy, tf.distribute.MultiWorkerMirroredStrategy) or resolver is None:
-        return True
-    return is_chief_task(resolver.task_type, resolver.task_id, resolver.cluster_spec().as_dict())
-
-
-def is_chief_task(task_type, task_id, cluster):
-    """TF_CONFIG's rule: the "chief" task if the cluster has one, else worker 0."""
+    task_type, task_id = _task(strategy)
     if task_type is None:
         return True
-    if "chief" in cluster:
-        return task_type == "chief"
-    return task_type == "worker" and int(task_id) == 0
+    return is_chief_task(task_type, task_id, strategy.cluster_resolver.cluster_spec().as_dict())

@@ -1,0 +1,82 @@
+"""JAX backend: data parallelism over every device through ``keras.distribution``.
+
+One process sees its local devices (TPU chips, GPUs, or the CPU); several processes (a TPU
+pod slice, several hosts) join through ``keras.distribution.initialize()``, which reads
+``KERAS_DISTRIBUTION_JOB_ADDRESSES``, ``KERAS_DISTRIBUTION_NUM_PROCESSES`` and
+``KERAS_DISTRIBUTION_PROCESS_ID`` (or finds a Cloud TPU pod by itself). With more than one
+device the model's variables are replicated and every global batch is split across the
+devices (``DataParallel``); process 0 writes the run directory.
+"""
+
+import contextlib
+import os
+
+import jax
+import keras
+
+from train.hardware import AcceleratorError, Placement
+
+MULTI_PROCESS_VARIABLES = ("KERAS_DISTRIBUTION_JOB_ADDRESSES", "KERAS_DISTRIBUTION_NUM_PROCESSES")
+
+
+def placement(tpu="auto"):
+    """The :class:`Placement` over every device JAX can see; ``tpu`` as for the TensorFlow backend."""
+    if any(os.environ.get(name) for name in MULTI_PROCESS_VARIABLES):
+        keras.distribution.initialize()
+    devices = jax.devices()
+    platform = devices[0].platform  # "tpu", "gpu" or "cpu"
+    if tpu not in ("auto", "none") and platform != "tpu":
+        raise AcceleratorError(f"TPU {tpu!r} is not available: JAX found only {platform} devices")
+    note = ""
+    if tpu == "auto" and platform != "tpu" and jax_has_tpu_support():
+        note = f"no TPU found; training on {len(devices)} {platform.upper()} device(s)"
+    if len(devices) > 1:
+        distribution = keras.distribution.DataParallel(devices=devices)
+        name, scope = "DataParallel", distribution.scope
+    else:
+        name, scope = "SingleDevice", contextlib.nullcontext
+    process = jax.process_index()
+    return Placement(
+        backend="jax",
+        name=name,
+        hardware="gpu" if platform in ("gpu", "cuda", "rocm") else platform,
+        replicas=len(devices),
+        chief=process == 0,
+        worker="chief" if process == 0 else f"process-{process}",
+        scope=scope,
+    )
+
+
+def jax_has_tpu_support():
+    import importlib.util
+
+    return importlib.util.find_spec("libtpu") is not None
+
+
+class Profile(keras.callbacks.Callback):
+    """A JAX profiler trace of training steps ``first`` to ``last`` (1-based), for TensorBoard's profile tab."""
+
+    def __init__(self, log_dir, first, last):
+        super().__init__()
+        self.log_dir, self.first, self.last = log_dir, first, last
+        self._step = 0
+        self._tracing = False
+
+    def on_train_batch_begin(self, batch, logs=None):
+        self._step += 1
+        if self._step == self.first:
+            jax.profiler.start_trace(self.log_dir)
+            self._tracing = True
+
+    def on_train_batch_end(self, batch, logs=None):
+        if self._tracing and self._step >= self.last:
+            self._stop()
+
+    def on_train_end(self, logs=None):
+        if self._tracing:
+            self._stop()
+
+    def _stop(self):
+        jax.effects_barrier()
+        jax.profiler.stop_trace()
+        self._tracing = False
