@@ -41,11 +41,19 @@ def test_every_request_gets_its_own_rows_and_batches_stay_bounded():
 
 
 def test_a_lone_request_runs_at_once():
-    batcher = Batcher(_slow_identity, max_batch=32, max_wait_s=1.0)
-    started = time.perf_counter()
-    batcher.submit(np.zeros((1, 2, 2, 3), np.uint8))
-    assert time.perf_counter() - started < 0.5, "an idle batcher never waits to fill a batch"
-    batcher.close()
+    # A batcher that waited to fill its batch would take the whole hour; the thread gives up
+    # after a minute, far longer than any loaded machine needs for one 10 ms call.
+    batcher = Batcher(_slow_identity, max_batch=32, max_wait_s=3600.0)
+    result = {}
+    thread = threading.Thread(target=lambda: result.update(batcher.submit(np.full((1, 2, 2, 3), 7, np.uint8))), daemon=True)
+    thread.start()
+    thread.join(60)
+    try:
+        assert "echo" in result, "an idle batcher never waits to fill a batch"
+        assert (result["echo"] == 7).all() and result["echo"].shape == (1, 2, 2, 3)
+        assert dict(batcher.batch_sizes) == {1: 1}
+    finally:
+        batcher.close()
 
 
 def test_a_failing_batch_fails_its_requests_and_the_batcher_carries_on():

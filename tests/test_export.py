@@ -353,17 +353,55 @@ def test_unwritable_model_dir_is_one_line(trained_run, tmp_path, capsys):
     assert blocker.read_text() == "not a directory"
 
 
-@pytest.mark.skipif(os.geteuid() == 0, reason="root writes through directory permissions")
-def test_read_only_model_dir_is_one_line(trained_run, tmp_path, capsys):
+# Root writes through directory permissions because it holds CAP_DAC_OVERRIDE (and
+# CAP_DAC_READ_SEARCH, CAP_FOWNER), and CI runs as root. The export runs in a child process
+# that drops those from its bounding set before it starts Python again: still uid 0, so it
+# reads the code and the run it owns, but mode bits now bind it like any other user. As a
+# normal user nothing is dropped (and nothing needs to be).
+_WITHOUT_ROOT_POWERS = """
+import ctypes, os, sys
+if os.geteuid() == 0:
+    libc = ctypes.CDLL(None, use_errno=True)
+    for cap in (1, 2, 3):  # CAP_DAC_OVERRIDE, CAP_DAC_READ_SEARCH, CAP_FOWNER
+        if libc.prctl(24, cap, 0, 0, 0) != 0:  # PR_CAPBSET_DROP
+            sys.exit(f"cannot drop capability {cap}: {os.strerror(ctypes.get_errno())}")
+os.execv(sys.executable, [sys.executable, "-c", sys.argv[1], *sys.argv[2:]])
+"""
+_EXPORT_CAPTURING_STDERR = """
+import contextlib, io, sys
+with open("/proc/self/status") as status:
+    effective = int(next(line for line in status if line.startswith("CapEff:")).split()[1], 16)
+if effective & 0b1110:
+    sys.exit(f"the export still runs with root's file-permission powers (CapEff {effective:x})")
+from export.exporter import main
+stderr = io.StringIO()  # what the CLI itself prints, without TensorFlow's C++ start-up lines
+with contextlib.redirect_stderr(stderr):
+    code = main(sys.argv[1:])
+sys.stdout.write(stderr.getvalue())
+sys.exit(code)
+"""
+
+
+def test_read_only_model_dir_is_one_line(trained_run, tmp_path):
+    import subprocess
+    import sys
+
     models = tmp_path / "models"
     (models / "cifar10").mkdir(parents=True)
     os.chmod(models / "cifar10", 0o555)
     try:
-        assert exporter.main(["--run", str(trained_run), "--model-dir", str(models)]) == 2
+        child = subprocess.run(
+            [sys.executable, "-c", _WITHOUT_ROOT_POWERS, _EXPORT_CAPTURING_STDERR,
+             "--run", str(trained_run), "--model-dir", str(models)],
+            cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+            env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"}, capture_output=True, text=True, timeout=600,
+        )
     finally:
         os.chmod(models / "cifar10", 0o755)
-    err = capsys.readouterr().err
-    assert err.startswith("error: ") and err.count("\n") == 1
+    assert child.returncode == 2, child.stderr[-2000:]
+    err = child.stdout
+    assert err.startswith("error: cannot write in ") and err.count("\n") == 1, err
+    assert "Permission denied" in err
     assert os.listdir(models / "cifar10") == []
 
 

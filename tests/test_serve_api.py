@@ -2,6 +2,7 @@
 
 import base64
 import io
+import re
 import threading
 
 import numpy as np
@@ -23,6 +24,26 @@ def samples():
 
 def reference_model(model_base):
     return tf.saved_model.load(str(model_base / "1")).signatures[contract.SIGNATURE_PIXELS]
+
+
+@pytest.fixture(scope="module")
+def savedmodel(model_base):
+    """The SavedModel's own ``serving_default``: what every answer is checked against."""
+    return reference_model(model_base)
+
+
+def model_probabilities(savedmodel, pixels):
+    """The SavedModel's probabilities for one uint8 ``[32, 32, 3]`` image."""
+    return savedmodel(images=tf.constant(pixels[None]))[contract.OUTPUT_PROBABILITIES].numpy()[0]
+
+
+def answered_probabilities(prediction):
+    """An answer's probabilities by class id (the default top_k of 3 covers all three classes)."""
+    probabilities = np.full(len(LABELS), np.nan)
+    for entry in prediction["top_k"]:
+        probabilities[entry["class_id"]] = entry["probability"]
+    assert not np.isnan(probabilities).any(), prediction
+    return probabilities
 
 
 def png(array):
@@ -214,7 +235,7 @@ def predict_one(client, data, name="x"):
     return response.get_json()["predictions"][0]
 
 
-def test_exif_orientation_is_applied(client):
+def test_exif_orientation_is_applied(client, savedmodel):
     """A stored-sideways JPEG with Orientation=6 must be classified upright."""
     from serve import images as imaging
 
@@ -227,7 +248,11 @@ def test_exif_orientation_is_applied(client):
     pixels, fmt = imaging.decode(data)
     assert fmt == "JPEG"
     assert pixels[:8].mean() > 200 and pixels[-8:].mean() < 50
-    assert predict_one(client, data)["label"] in LABELS
+    # The answer is the model's on the upright pixels, which is not its answer on the stored ones.
+    upright_answer = model_probabilities(savedmodel, pixels)
+    sideways_answer = model_probabilities(savedmodel, np.asarray(Image.open(io.BytesIO(data)).convert("RGB")))
+    assert np.abs(upright_answer - sideways_answer).max() > 1e-2, "the image tells the two apart"
+    assert answered_probabilities(predict_one(client, data)) == pytest.approx(upright_answer, abs=1e-4)
 
 
 def _mode_cases(image):
@@ -247,8 +272,17 @@ def _mode_cases(image):
     }
 
 
+def _expected_rgb(data, mode, original):
+    """The pixels the server should classify, by Pillow directly: RGB, alpha dropped, 32x32 BILINEAR."""
+    if mode == "I;16":  # Pillow's own convert clips 16-bit values; the server scales them to 8 bits
+        image = Image.fromarray(original).convert("L")
+    else:
+        image = Image.open(io.BytesIO(data))
+    return np.asarray(image.convert("RGB").resize((32, 32), Image.Resampling.BILINEAR))
+
+
 @pytest.mark.parametrize("mode", ["P", "L", "LA", "RGBA", "CMYK", "I;16", "GIF", "BMP", "WEBP", "big-JPEG"])
-def test_modes_and_formats_become_rgb(client, samples, mode):
+def test_modes_and_formats_become_rgb(client, samples, savedmodel, mode):
     from serve import images as imaging
 
     image, fmt = _mode_cases(samples[0][0])[mode]
@@ -261,7 +295,10 @@ def test_modes_and_formats_become_rgb(client, samples, mode):
         assert (pixels[..., 0] == pixels[..., 1]).all()
     if mode in ("RGBA", "BMP", "WEBP"):  # lossless RGB content survives exactly
         assert (pixels == samples[0][0]).all()
-    assert predict_one(client, data)["label"] in LABELS
+    expected = _expected_rgb(data, mode, samples[0][0])
+    assert np.abs(pixels.astype(int) - expected).max() <= 1
+    answer = answered_probabilities(predict_one(client, data))
+    assert answer == pytest.approx(model_probabilities(savedmodel, expected), abs=1e-3)
 
 
 def test_animated_gif_uses_first_frame(client, samples):
@@ -289,17 +326,18 @@ def test_model_info(client):
     assert body["signatures"][contract.SIGNATURE_BYTES]["inputs"] == {contract.INPUT_BYTES: {"dtype": "string", "shape": [-1]}}
 
 
-def test_tfserving_row_format(client, samples):
+def test_tfserving_row_format(client, samples, savedmodel):
     images, labels = samples
     response = client.post("/v1/models/cifar10:predict", json={"instances": images[:4].tolist()})
     assert response.status_code == 200
     rows = response.get_json()["predictions"]
     assert len(rows) == 4
-    for row in rows:
+    for row, image in zip(rows, images[:4]):
         assert set(row) == set(contract.OUTPUTS)
-        assert isinstance(row[contract.OUTPUT_CLASS_IDS], int)
+        expected = model_probabilities(savedmodel, image)
+        assert row[contract.OUTPUT_CLASS_IDS] == int(np.argmax(expected))
         assert row[contract.OUTPUT_CLASS_NAMES] == LABELS[row[contract.OUTPUT_CLASS_IDS]]
-        assert len(row[contract.OUTPUT_PROBABILITIES]) == 3
+        assert row[contract.OUTPUT_PROBABILITIES] == pytest.approx(expected.tolist(), abs=1e-4)
     named = client.post(
         "/v1/models/cifar10/versions/1:predict",
         json={"signature_name": "serving_default", "instances": [{contract.INPUT_PIXELS: images[0].tolist()}]},
@@ -311,13 +349,16 @@ def test_tfserving_row_format(client, samples):
     assert alone[contract.OUTPUT_PROBABILITIES] == pytest.approx(rows[0][contract.OUTPUT_PROBABILITIES], abs=1e-5)
 
 
-def test_tfserving_columnar_format(client, samples):
+def test_tfserving_columnar_format(client, samples, savedmodel):
     images, _ = samples
     response = client.post("/v1/models/cifar10:predict", json={"inputs": {contract.INPUT_PIXELS: images[:2].tolist()}})
     assert response.status_code == 200
     outputs = response.get_json()["outputs"]
     assert set(outputs) == set(contract.OUTPUTS)
-    assert np.asarray(outputs[contract.OUTPUT_PROBABILITIES]).shape == (2, 3)
+    expected = np.stack([model_probabilities(savedmodel, image) for image in images[:2]])
+    assert np.asarray(outputs[contract.OUTPUT_PROBABILITIES]) == pytest.approx(expected, abs=1e-4)
+    assert outputs[contract.OUTPUT_CLASS_IDS] == expected.argmax(axis=1).tolist()
+    assert outputs[contract.OUTPUT_CLASS_NAMES] == [LABELS[c] for c in expected.argmax(axis=1)]
     bare = client.post("/v1/models/cifar10:predict", json={"inputs": images[:2].tolist()}).get_json()
     assert bare["outputs"] == outputs
 
@@ -457,13 +498,16 @@ def test_form_page(client):
     assert 'enctype="multipart/form-data"' in page and 'type="file"' in page and "multiple" in page
 
 
-def test_form_results_show_images_labels_and_errors(client, samples):
-    images, labels = samples
+def test_form_results_show_images_labels_and_errors(client, samples, savedmodel):
+    images, _ = samples
     response = client.post("/", data=upload(("first.png", png(images[0])), ("junk.txt", b"junk")))
     assert response.status_code == 200
     page = response.data.decode()
     assert "data:image/png;base64," + b64(png(images[0])) in page
-    assert LABELS[labels[0]] in page
+    # Every class name is on the page (three bars); the headline and the bars' order are the model's.
+    ranking = [LABELS[c] for c in np.argsort(-model_probabilities(savedmodel, images[0]), kind="stable")]
+    assert re.findall(r'data-testid="label">([^<]*)<', page) == [ranking[0]]
+    assert re.findall(r'<span class="name">([^<]*)</span>', page) == ranking
     assert "junk.txt" in page and "not an image" in page
     assert 'class="fill"' in page
 
