@@ -134,7 +134,7 @@ class Batcher:
         if self._on_batch is not None:
             try:
                 self._on_batch(size)
-            except Exception:
+            except Exception:  # nosec B110  # a failing metrics hook must never fail the batch's requests
                 pass
 
 
