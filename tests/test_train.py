@@ -324,7 +324,8 @@ def test_mirrored_strategy_weights_load_into_a_plain_cpu_model(mirrored_run, mir
     )
 
 
-def test_killed_run_resumes_at_the_next_epoch(tmp_path):
+@pytest.mark.parametrize("backend", ["tensorflow", "jax"])
+def test_killed_run_resumes_at_the_next_epoch(tmp_path, backend):
     """SIGKILL after two of four epochs; the same command then runs epochs 3 and 4 only."""
     x, y = synthetic.make_images(256, seed=3)  # enough steps per epoch to kill between epochs
     from train.data import Splits
@@ -332,8 +333,9 @@ def test_killed_run_resumes_at_the_next_epoch(tmp_path):
     source = synthetic.write_tree(tmp_path / "data", Splits(x, y, x[:30], y[:30], list(synthetic.CLASS_NAMES), ""))
     output = tmp_path / "run"
     command = [sys.executable, "-m", "train", "--data", str(source), "--output", str(output), "--epochs", "4",
-               "--batch-size", "16", "--precision", "float32", "--tpu", "none"]
+               "--batch-size", "16", "--precision", "float32", "--tpu", "none", "--backend", backend]
     env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"}
+    env.pop("KERAS_BACKEND", None)
     first = subprocess.Popen(command, cwd=REPO, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     deadline = time.monotonic() + 300
     while len(report.read_history(str(output / "history.csv"))) < 2:
@@ -351,7 +353,7 @@ def test_killed_run_resumes_at_the_next_epoch(tmp_path):
     assert finished == 2
     assert epochs_run and epochs_run[0] in ("3/4", "4/4") and epochs_run[-1] == "4/4"
     manifest = json.loads((output / MANIFEST_FILE).read_text())
-    assert manifest["training"]["epochs"] == 4
+    assert manifest["training"]["epochs"] == 4 and manifest["training"]["backend"] == backend
     assert [r["epoch"] for r in report.read_history(str(output / "history.csv"))] == [0, 1, 2, 3]
 
 
