@@ -9,7 +9,9 @@ Typical usage::
     client predict cat.png --via tfserving-grpc --url localhost:8500 --model cifar10
 
 The client sends each file's bytes as they are; the server decodes and resizes them. Exit
-codes: 0 all classified, 1 some files failed, 2 usage errors, 3 server unreachable or not ready.
+codes: 0 all classified, 1 some files failed, 2 usage errors (a missing or wrong API key too), 3 server
+unreachable or not ready. A server that needs an API key gets it from ``$CLIENT_API_KEY`` (or
+``--api-key``, which other users of the machine can see in its process list).
 """
 
 import argparse
@@ -26,6 +28,7 @@ DEFAULT_URL = "http://localhost:8000"
 #: TF Serving's own default ports, used when --via names it and no --url is given.
 DEFAULT_URLS = {"api": DEFAULT_URL, "tfserving-rest": "http://localhost:8501", "tfserving-grpc": "localhost:8500"}
 URL_ENV = "CLIENT_URL"
+API_KEY_ENV = "CLIENT_API_KEY"
 DEFAULT_TIMEOUT_S = 30.0
 DEFAULT_TOP_K = 3
 DEFAULT_BATCH_SIZE = 16
@@ -62,6 +65,12 @@ def build_parser():
     )
     common.add_argument(
         "--model", default=contract.DEFAULT_MODEL_NAME, help="model name, for the TF Serving modes (default %(default)s)"
+    )
+    common.add_argument(
+        "--api-key",
+        default=os.environ.get(API_KEY_ENV),
+        help=f"key for a server that needs one, sent as 'Authorization: Bearer KEY' over HTTP "
+        f"(default ${API_KEY_ENV}, which keeps it out of the process list)",
     )
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
@@ -173,6 +182,8 @@ def classify(transport, files, batch_size, top_k, progress):
         try:
             results = transport.predict(batch, top_k)
         except transports.RequestFailed as error:
+            if error.status == 401:  # no key or a wrong one: every other request would fail the same way
+                raise
             if len(batch) == 1:
                 results = [{"error": str(error), "status": error.status}]
             else:
@@ -272,7 +283,7 @@ def main(argv=None):
     except SystemExit as exit:  # argparse has printed its one-line usage error
         return exit.code if isinstance(exit.code, int) else EXIT_USAGE
     try:
-        transport = make_transport(args.via, args.url, args.model, args.timeout)
+        transport = transports.authorize(make_transport(args.via, args.url, args.model, args.timeout), args.api_key)
         return COMMANDS[args.command](args, transport)
     except UsageError as error:
         print(f"client: {error}", file=sys.stderr)
@@ -281,6 +292,9 @@ def main(argv=None):
         print(f"client: {error}", file=sys.stderr)
         return EXIT_UNREACHABLE
     except transports.RequestFailed as error:
+        if error.status == 401:
+            print(f"client: {error} (HTTP 401): give the key with ${API_KEY_ENV} or --api-key", file=sys.stderr)
+            return EXIT_USAGE
         print(f"client: {error}", file=sys.stderr)
         return EXIT_FAILED
     except OSError as error:

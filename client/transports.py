@@ -30,6 +30,16 @@ class RequestFailed(Exception):
         self.status = status
 
 
+def authorize(transport, api_key):
+    """Send ``api_key`` as ``Authorization: Bearer`` on every request of an HTTP transport; return it.
+
+    gRPC goes straight to TF Serving, which has no keys, so a key is not sent there."""
+    session = getattr(transport, "session", None)
+    if api_key and session is not None:
+        session.headers["Authorization"] = f"Bearer {api_key}"
+    return transport
+
+
 def top_k_from_probabilities(probabilities, k, names):
     """[{label, class_id, probability}] for the ``k`` most probable classes, best first."""
     order = sorted(range(len(probabilities)), key=lambda i: -probabilities[i])[:k]

@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Set up (virtual environment, Python packages, Chromium for the browser test) and run the tests.
+# Set up (virtual environment, Python packages, Chromium for the browser test, Redis for the
+# rate-limit test) and run the tests.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 if ! command -v chromium >/dev/null 2>&1; then
@@ -7,6 +8,14 @@ if ! command -v chromium >/dev/null 2>&1; then
     apt-get update -qq && apt-get install -y -qq chromium >/dev/null
   else
     sudo apt-get update -qq && sudo apt-get install -y -qq chromium >/dev/null
+  fi
+fi
+# tests/test_security.py starts a real Redis (the shared rate-limit store) on a loopback port.
+if ! command -v redis-server >/dev/null 2>&1; then
+  if [ "$(id -u)" = 0 ]; then
+    apt-get update -qq && apt-get install -y -qq redis-server >/dev/null
+  else
+    sudo apt-get update -qq && sudo apt-get install -y -qq redis-server >/dev/null
   fi
 fi
 python3 -m venv .venv

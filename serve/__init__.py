@@ -31,6 +31,11 @@ def create_app(config=None, backend=None):
 
     app_metrics = metrics.Metrics()
     app.extensions["serve.metrics"] = app_metrics
+    # API keys, rate limits, CORS, security headers, ProxyFix (serve/security.py); before the model
+    # loads, so that an unreadable key file stops the start at once.
+    from serve import security
+
+    security.init_app(app, app_metrics)
     if backend is None:
         backend = backends.from_config(app.config, on_batch=app_metrics.batch_size.observe)
     app.extensions["serve.backend"] = backend

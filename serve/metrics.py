@@ -28,6 +28,12 @@ class Metrics:
         self.requests = Counter("serve_requests", "Requests answered, by route and status.", ["route", "method", "status"], **kw)
         self.batch_size = Histogram("serve_batch_size", "Images per model call.", buckets=BATCH_BUCKETS, **kw)
         self.images = Counter("serve_images", "Images classified.", **kw)
+        self.rejections = Counter(
+            "serve_rejections",
+            "Requests refused before a view ran (serve.security): missing_key, wrong_key, rate_limited; by area.",
+            ["reason", "area"],
+            **kw,
+        )
 
     def exposition(self):
         """``(body, content type)`` for ``GET /metrics``."""

@@ -17,6 +17,23 @@ variable                    default                    meaning
 ``SERVE_MAX_UPLOAD_MB``     ``16``                     largest request body, MiB (413 above it)
 ``SERVE_MAX_PIXELS``        ``16777216``               most pixels one image may declare (413)
 ``SERVE_TOP_K``             ``3``                      labels per image unless ``top_k`` is given
+``SERVE_API_KEYS``          (none: keys off)           API keys, comma-separated: with any set, routes
+                                                       under /api/, /v1/, /v2/ need one (serve.security)
+``SERVE_API_KEY_FILE``      (none)                     a file of API keys, one a line (``#`` comments);
+                                                       keeps them out of process listings
+``SERVE_FORM_NEEDS_KEY``    ``1``                      with keys on, the form ``/`` needs one too (0: open)
+``SERVE_METRICS_KEYS``      (none: open)               keys for ``/metrics`` alone, comma-separated
+``SERVE_METRICS_KEY_FILE``  (none)                     the same, from a file
+``SERVE_RATE_LIMIT``        (none: no limits)          each client's limit on each route, e.g.
+                                                       ``20/second;600/minute`` (Flask-Limiter syntax)
+``SERVE_RATE_LIMIT_API``    (``SERVE_RATE_LIMIT``)     the same, for routes under /api/, /v1/, /v2/
+``SERVE_RATE_LIMIT_FORM``   (``SERVE_RATE_LIMIT``)     the same, for the form ``/``
+``SERVE_RATE_LIMIT_STORE``  ``memory://``              where counts live: memory (per worker) or
+                                                       ``redis://HOST:PORT/DB`` (shared)
+``SERVE_CORS_ORIGINS``      (none: CORS off)           origins whose pages may call the API,
+                                                       comma-separated, e.g. ``https://app.example``
+``SERVE_TRUSTED_PROXIES``   ``0``                      proxies in front whose X-Forwarded-For, -Proto
+                                                       and -Host are believed (werkzeug's ProxyFix)
 ``HOST`` / ``PORT``         ``0.0.0.0`` / ``8000``     where gunicorn listens
 ``WEB_CONCURRENCY``         ``2``                      gunicorn worker processes (1 on one core)
 ``GUNICORN_THREADS``        ``16``                     threads per worker
@@ -40,6 +57,8 @@ DEFAULT_MAX_UPLOAD_MB = 16
 DEFAULT_MAX_PIXELS = 4096 * 4096
 DEFAULT_TOP_K = 3
 BACKENDS = ("local", "tfserving-rest", "tfserving-grpc")
+DEFAULT_RATE_LIMIT_STORE = "memory://"
+FALSE_WORDS = ("0", "false", "no", "off")
 
 
 def from_environ(environ=None):
@@ -61,4 +80,16 @@ def from_environ(environ=None):
         "MAX_CONTENT_LENGTH": int(max_upload_mb * 1024 * 1024),
         "MAX_PIXELS": int(env.get("SERVE_MAX_PIXELS") or DEFAULT_MAX_PIXELS),
         "TOP_K": int(env.get("SERVE_TOP_K") or DEFAULT_TOP_K),
+        # serve.security: keys, rate limits, CORS, proxies (everything off unless set)
+        "API_KEYS": env.get("SERVE_API_KEYS") or "",
+        "API_KEY_FILE": env.get("SERVE_API_KEY_FILE") or None,
+        "FORM_NEEDS_KEY": (env.get("SERVE_FORM_NEEDS_KEY") or "1").strip().lower() not in FALSE_WORDS,
+        "METRICS_KEYS": env.get("SERVE_METRICS_KEYS") or "",
+        "METRICS_KEY_FILE": env.get("SERVE_METRICS_KEY_FILE") or None,
+        "RATE_LIMIT": env.get("SERVE_RATE_LIMIT") or "",
+        "RATE_LIMIT_API": env.get("SERVE_RATE_LIMIT_API") or "",
+        "RATE_LIMIT_FORM": env.get("SERVE_RATE_LIMIT_FORM") or "",
+        "RATE_LIMIT_STORE": env.get("SERVE_RATE_LIMIT_STORE") or DEFAULT_RATE_LIMIT_STORE,
+        "CORS_ORIGINS": env.get("SERVE_CORS_ORIGINS") or "",
+        "TRUSTED_PROXIES": int(env.get("SERVE_TRUSTED_PROXIES") or 0),
     }
