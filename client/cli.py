@@ -7,6 +7,7 @@ Typical usage::
     client health
     client info --url http://models.internal:8000
     client predict cat.png --via tfserving-grpc --url localhost:8500 --model cifar10
+    client predict cat.png --via v2 --url http://triton:8000     # the Open Inference Protocol (KServe v2)
 
 The client sends each file's bytes as they are; the server decodes and resizes them. Exit
 codes: 0 all classified, 1 some files failed, 2 usage errors (a missing or wrong API key too), 3 server
@@ -25,8 +26,9 @@ import contract
 from client import transports
 
 DEFAULT_URL = "http://localhost:8000"
-#: TF Serving's own default ports, used when --via names it and no --url is given.
-DEFAULT_URLS = {"api": DEFAULT_URL, "tfserving-rest": "http://localhost:8501", "tfserving-grpc": "localhost:8500"}
+#: Where each --via looks when no --url is given: TF Serving's own default ports; v2 on this server's
+#: (Triton's HTTP port is 8000 as well).
+DEFAULT_URLS = {"api": DEFAULT_URL, "tfserving-rest": "http://localhost:8501", "tfserving-grpc": "localhost:8500", "v2": DEFAULT_URL}
 URL_ENV = "CLIENT_URL"
 API_KEY_ENV = "CLIENT_API_KEY"
 DEFAULT_TIMEOUT_S = 30.0
@@ -53,7 +55,7 @@ def build_parser():
     common.add_argument(
         "--url",
         default=os.environ.get(URL_ENV),
-        help=f"server address (default ${URL_ENV}, else {DEFAULT_URL} for the API, "
+        help=f"server address (default ${URL_ENV}, else {DEFAULT_URL} for the API and v2, "
         "localhost:8501 for TF Serving REST, localhost:8500 for TF Serving gRPC)",
     )
     common.add_argument("--timeout", type=_positive_float, default=DEFAULT_TIMEOUT_S, help="seconds to wait for each request")
@@ -61,10 +63,11 @@ def build_parser():
         "--via",
         choices=sorted(DEFAULT_URLS),
         default="api",
-        help="talk to this project's server (api, default) or straight to TF Serving over REST or gRPC",
+        help="talk to this project's server (api, default), straight to TF Serving over REST or gRPC, "
+        "or over the Open Inference Protocol (v2: this server, Triton, KServe, MLServer)",
     )
     common.add_argument(
-        "--model", default=contract.DEFAULT_MODEL_NAME, help="model name, for the TF Serving modes (default %(default)s)"
+        "--model", default=contract.DEFAULT_MODEL_NAME, help="model name, for the TF Serving and v2 modes (default %(default)s)"
     )
     common.add_argument(
         "--api-key",
@@ -111,6 +114,8 @@ def make_transport(via, url, model, timeout):
         return transports.ApiTransport(url, timeout)
     if via == "tfserving-rest":
         return transports.TFServingRestTransport(url, model, timeout)
+    if via == "v2":
+        return transports.V2Transport(url, model, timeout)
     target = url.split("://", 1)[-1].rstrip("/")  # gRPC wants host:port
     return transports.TFServingGrpcTransport(target, model, timeout)
 
@@ -253,7 +258,7 @@ def run_info(args, transport):
     if info.get("architecture"):
         print(f"architecture: {info['architecture']}")
     classes = info.get("class_names")
-    print(f"classes:      {', '.join(classes) if classes else '(not reported by TF Serving)'}")
+    print(f"classes:      {', '.join(classes) if classes else '(not reported by this server)'}")
     print("signatures:")
     for name, signature in sorted((info.get("signatures") or {}).items()):
         if isinstance(signature, dict) and ("inputs" in signature or "outputs" in signature):

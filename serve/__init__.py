@@ -6,7 +6,8 @@ Typical usage::
     SERVE_BACKEND=tfserving-grpc TFSERVING_GRPC_TARGET=tfserving:8500 python -m serve
 
 Routes: ``/`` (upload form), ``/api/v1/predict``, ``/api/v1/model``, TF Serving's REST API
-under ``/v1/models/NAME``, ``/healthz``, ``/readyz``, ``/metrics``. Configuration is by
+under ``/v1/models/NAME``, the Open Inference Protocol (KServe v2)
+under ``/v2``, ``/healthz``, ``/readyz``, ``/metrics``. Configuration is by
 environment variable; see :mod:`serve.settings`.
 """
 
@@ -15,12 +16,12 @@ import time
 from flask import Flask, g, jsonify, request
 from werkzeug.exceptions import HTTPException
 
-JSON_PREFIXES = ("/api/", "/v1/")
+JSON_PREFIXES = ("/api/", "/v1/", "/v2")
 
 
 def create_app(config=None, backend=None):
     """Build the app: defaults from the environment, then ``config``; ``backend`` replaces the configured one."""
-    from serve import api, backends, health, metrics, settings, tfserving_api, web
+    from serve import api, backends, health, metrics, settings, tfserving_api, v2_api, web
 
     app = Flask(__name__)
     app.config.update(settings.from_environ())
@@ -40,7 +41,7 @@ def create_app(config=None, backend=None):
         backend = backends.from_config(app.config, on_batch=app_metrics.batch_size.observe)
     app.extensions["serve.backend"] = backend
 
-    for blueprint in (web.bp, api.bp, tfserving_api.bp, health.bp):
+    for blueprint in (web.bp, api.bp, tfserving_api.bp, v2_api.bp, health.bp):
         app.register_blueprint(blueprint)
 
     @app.before_request

@@ -14,7 +14,7 @@ from live_server import free_port, live_server  # noqa: F401  (imported for its 
 from tfserving_standin import tfserving  # noqa: F401  (imported for its fixture)
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-VIAS = ("api", "tfserving-rest", "tfserving-grpc")
+VIAS = ("api", "tfserving-rest", "tfserving-grpc", "v2")
 
 
 def write_images(folder, per_class=2, seed=3):
@@ -37,7 +37,7 @@ class _Urls:
         self.request = request
 
     def __getitem__(self, via):
-        if via == "api":
+        if via in ("api", "v2"):  # this project's server speaks both
             return self.request.getfixturevalue("live_server")
         standin = self.request.getfixturevalue("tfserving")
         return standin.rest_url if via == "tfserving-rest" else standin.grpc_target
@@ -119,7 +119,7 @@ def test_all_transports_agree(urls, tmp_path, capsys):
         code, results, err = run_json(capsys, [str(tmp_path), "--via", via, "--url", urls[via]])
         assert code == 0, err
         answers[via] = [(r["file"], r["label"], round(r["probability"], 4)) for r in results]
-    assert answers["api"] == answers["tfserving-rest"] == answers["tfserving-grpc"]
+    assert answers["api"] == answers["tfserving-rest"] == answers["tfserving-grpc"] == answers["v2"]
     assert len(answers["api"]) == len(truth)
 
 
