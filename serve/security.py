@@ -52,7 +52,8 @@ HEADERS = {
     "X-Frame-Options": "DENY",
     "Referrer-Policy": "no-referrer",
 }
-# What a page on an allowed origin may read from an answer besides the simple headers.
+# What a page on an allowed origin may send, and read from an answer besides the simple headers.
+CORS_ALLOWED = ["Authorization", "X-API-Key", "Content-Type", "Inference-Header-Content-Length"]
 CORS_EXPOSED = ["Retry-After", "X-RateLimit-Limit", "X-RateLimit-Remaining", "X-RateLimit-Reset", "Inference-Header-Content-Length"]
 
 
@@ -281,6 +282,8 @@ def init_app(app, metrics):
             app,
             resources={r"/(api|v1|v2)(/.*)?": {}},
             origins=security.cors_origins,
+            methods=["GET", "POST"],
+            allow_headers=CORS_ALLOWED,
             expose_headers=CORS_EXPOSED,
             max_age=600,
         )

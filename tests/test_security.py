@@ -380,6 +380,8 @@ def test_clients_without_a_key_are_limited_by_address_through_the_proxy(secured)
     url = f"{secured}/api/v1/model"
     statuses = [call(url, key="guess-" + str(i), address=address).status_code for i in range(API_LIMIT + 1)]
     assert statuses == [401] * API_LIMIT + [429]  # key guessing is limited too
+    # ProxyFix believes only the proxy's own (rightmost) entry: a client's made-up one changes nothing.
+    assert call(url, key="guess", headers={"X-Forwarded-For": f"198.51.100.7, {address}"}).status_code == 429
     assert call(url, key="guess", address=fresh_address()).status_code == 401  # another address: not yet
 
 
@@ -409,6 +411,7 @@ def test_hostile_input_with_a_key_gets_its_usual_4xx_and_without_one_a_401(secur
     for kwargs, status, words in cases:
         response = call(f"{secured}/api/v1/predict", "POST", key=key, **kwargs)
         assert response.status_code == status and words in response.json()["error"]
+        assert_security_headers(response)
     for kwargs, _, _ in cases[:2] + cases[3:]:
         response = call(f"{secured}/api/v1/predict", "POST", address=fresh_address(), **kwargs)
         assert response.status_code == 401
@@ -431,7 +434,13 @@ def test_cors_allows_the_listed_origins(secured):
     assert allowed.status_code == 200
     assert allowed.headers["Access-Control-Allow-Origin"] == ALLOWED_ORIGIN
     assert "authorization" in allowed.headers["Access-Control-Allow-Headers"].lower()
-    assert "POST" in allowed.headers["Access-Control-Allow-Methods"]
+    assert allowed.headers["Access-Control-Allow-Methods"] == "GET, POST"
+    unlisted = call(
+        f"{secured}/api/v1/predict",
+        "OPTIONS",
+        headers={"Origin": ALLOWED_ORIGIN, "Access-Control-Request-Method": "POST", "Access-Control-Request-Headers": "x-something-else"},
+    )
+    assert "Access-Control-Allow-Headers" not in unlisted.headers  # only the headers the API reads
     response = call(f"{secured}/api/v1/model", key=fresh_key(), headers={"Origin": ALLOWED_ORIGIN})
     assert response.status_code == 200
     assert response.headers["Access-Control-Allow-Origin"] == ALLOWED_ORIGIN
