@@ -1,29 +1,40 @@
-"""The hostile-input tests of test_serve_api.py and test_serve_uploads.py, run again as they are against
-an app with API keys on (the form too): a client with the key gets exactly the answers it got without
-keys, and without the key every one of those requests is a 401, refused before its body is read.
+"""The in-process tests of the hostile-input modules, run again as they are against an app with API
+keys on (the form too): a client with the key gets exactly the answers it got without keys, and
+without the key every one of those requests is a 401, refused before its body is read.
+
+Every test of those modules that takes the ``client`` fixture is collected here a second time
+(named ``test_<module>__<test>``), with the fixtures it needs, and gets this module's ``app`` and
+``client``; tests added to them later are picked up too. A module not in the tree yet is skipped.
 """
 
-import pytest
+import importlib
+import inspect
 
-from test_serve_api import (  # noqa: F401  (collected here again, with this module's app and client)
-    samples,
-    test_all_bad_is_4xx_naming_the_files,
-    test_bad_request_body,
-    test_bad_top_k,
-    test_bad_upload,
-    test_partial_failure_keeps_good_images,
-    test_tfserving_bad_json_is_400,
-    test_tfserving_bad_tensors_are_400,
-    test_too_large_is_json_413,
-    test_too_large_on_form_shows_words,
-    test_unknown_model_version_or_route_is_json_404,
-)
-from test_serve_uploads import (  # noqa: F401
-    test_a_part_without_even_an_empty_body_is_refused_clearly,
-    test_bad_multipart_is_a_clear_4xx,
-    test_bad_multipart_on_the_form_is_a_page,
-    test_too_many_parts_is_413,
-)
+import pytest
+from _pytest.fixtures import FixtureFunctionDefinition
+
+HOSTILE_MODULES = ("test_serve_api", "test_serve_uploads", "test_hostile")
+OWN_FIXTURES = ("app", "client")
+
+
+def _borrow(module_name):
+    try:
+        module = importlib.import_module(module_name)
+    except ModuleNotFoundError as e:
+        if e.name != module_name:
+            raise
+        return 0
+    borrowed = 0
+    for name, obj in vars(module).items():
+        if isinstance(obj, FixtureFunctionDefinition) and name not in OWN_FIXTURES:
+            globals().setdefault(name, obj)
+        elif name.startswith("test_") and inspect.isfunction(obj) and "client" in inspect.signature(obj).parameters:
+            globals()[f"test_{module_name.removeprefix('test_')}__{name.removeprefix('test_')}"] = obj
+            borrowed += 1
+    return borrowed
+
+
+BORROWED = {name: _borrow(name) for name in HOSTILE_MODULES}
 
 KEY = "hostile-input-test-key"
 
@@ -75,3 +86,8 @@ def test_without_the_key_hostile_input_is_401_unread(keyless, monkeypatch, path,
     response = keyless.post(path, **kwargs)
     assert response.status_code == 401
     assert "WWW-Authenticate" in response.headers
+
+
+def test_the_suites_were_borrowed():
+    """Guards the collection above: renaming or moving those modules must not empty this one quietly."""
+    assert BORROWED["test_serve_api"] >= 20 and BORROWED["test_serve_uploads"] >= 4, BORROWED
