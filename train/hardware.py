@@ -88,11 +88,11 @@ def pick_backend(requested="auto", environ=None, tpu=None):
     return chosen
 
 
-def prepare_environment(backend, environ=None):
+def prepare_environment(backend, environ=None, pci_root=PCI_DEVICES):
     """Set what must be set before Keras, TensorFlow or JAX is imported; call it first thing."""
     env = os.environ if environ is None else environ
     env["KERAS_BACKEND"] = backend
-    on_tpu = tpu_chips() > 0
+    on_tpu = tpu_chips(pci_root) > 0
     if backend == "jax" and not on_tpu and "JAX_PLATFORMS" not in env:
         # Without a TPU, keep JAX from loading libtpu (which searches for TPU workers and prints
         # errors before falling back); a GPU plugin, when installed, is still used.

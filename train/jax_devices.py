@@ -32,6 +32,8 @@ def placement(tpu="auto"):
         note = f"no TPU found; training on {len(devices)} {platform.upper()} device(s)"
     if len(devices) > 1:
         distribution = keras.distribution.DataParallel(devices=devices)
+        # Global, not only a scope: fit() lays out every batch by the distribution in force.
+        keras.distribution.set_distribution(distribution)
         name, scope = "DataParallel", distribution.scope
     else:
         name, scope = "SingleDevice", contextlib.nullcontext

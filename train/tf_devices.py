@@ -1,7 +1,8 @@
 """TensorFlow backend: the tf.distribute strategy for whatever hardware is present.
 
 Order: a TPU (asked for by name, ``local`` on TPU VMs, or found by ``auto``); ``TF_CONFIG``
--> MultiWorkerMirroredStrategy; several GPUs -> MirroredStrategy; else the default strategy.
+-> MultiWorkerMirroredStrategy, refused with a clear error because Keras 3 cannot fit under
+it (keras-team/keras#20585); several GPUs -> MirroredStrategy; else the default strategy.
 A TPU that was asked for by name and is not there is an :class:`AcceleratorError`, never a
 silent fallback to the CPU. On current TPU VMs TensorFlow reaches the chips through the PJRT
 plugin, whose environment :func:`train.hardware.prepare_environment` sets before import.
@@ -53,6 +54,12 @@ def placement(tpu="auto", strategy=None):
     """The :class:`Placement` for ``strategy`` (chosen by :func:`select_strategy` when None)."""
     if strategy is None:
         strategy = select_strategy(tpu)
+    if isinstance(strategy, tf.distribute.MultiWorkerMirroredStrategy):
+        # Keras 3's fit() fails in its first step under this strategy (it reduces a PerReplica
+        # batch it cannot convert): keras-team/keras#20585, open since TensorFlow 2.16.
+        raise AcceleratorError("TF_CONFIG asks for multi-worker training, which Keras 3 cannot run under "
+                               "MultiWorkerMirroredStrategy (keras-team/keras#20585); unset TF_CONFIG to train "
+                               "on this host")
     task_type, task_id = _task(strategy)
     return Placement(
         backend="tensorflow",

@@ -243,17 +243,17 @@ def _fit(config, recipe, plan, placement, splits, workdir):
                 weighted_metrics=["accuracy"],
                 steps_per_execution=plan.steps_per_execution,
             )
-            started = time.monotonic()
-            model.fit(
-                train_ds,
-                epochs=plan.epochs,
-                steps_per_epoch=plan.steps_per_epoch,
-                validation_data=val_ds,
-                shuffle=False,  # the dataset shuffles itself
-                callbacks=_callbacks(config, placement, workdir),
-                verbose=config.verbose,
-            )
-            return model, time.monotonic() - started
+        started = time.monotonic()
+        model.fit(
+            train_ds,
+            epochs=plan.epochs,
+            steps_per_epoch=plan.steps_per_epoch,
+            validation_data=val_ds,
+            shuffle=False,  # the dataset shuffles itself
+            callbacks=_callbacks(config, placement, workdir),
+            verbose=config.verbose,
+        )
+        return model, time.monotonic() - started
     finally:
         keras.mixed_precision.set_global_policy(previous_policy)
 
