@@ -28,7 +28,10 @@ def create_app(config=None, backend=None):
     app.config.from_mapping(config or {})
     if "MAX_UPLOAD_MB" in (config or {}):
         app.config["MAX_CONTENT_LENGTH"] = int(float(config["MAX_UPLOAD_MB"]) * 1024 * 1024)
-    app.json.sort_keys = False
+    # A body that cannot be read (JSON however deep, a broken chunked body) is a 400 on every route.
+    from serve import bodies
+
+    bodies.init_app(app)
 
     app_metrics = metrics.Metrics()
     app.extensions["serve.metrics"] = app_metrics

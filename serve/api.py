@@ -6,7 +6,7 @@ import binascii
 from flask import Blueprint, current_app, jsonify, request
 
 from serve import classify as cls
-from serve import signatures, uploads
+from serve import bodies, signatures, uploads
 from serve.backends import BackendError
 
 bp = Blueprint("api", __name__, url_prefix="/api/v1")
@@ -20,9 +20,7 @@ def _uploads():
             raise ValueError('the multipart/form-data body has no file parts (send images in a field such as "file")')
         return [(filename or name, data) for name, filename, data in files], fields.get("top_k")
     if request.mimetype == "application/json" or (request.data[:1] in (b"{", b"[")):
-        body = request.get_json(silent=True, force=True)
-        if body is None:
-            raise ValueError("the body is not valid JSON")
+        body = bodies.request_json()
         instances = body.get("instances") if isinstance(body, dict) else None
         if not isinstance(instances, list) or not instances:
             raise ValueError('JSON must be {"instances": [{"b64": "<base64 image>"}, ...]} with at least one instance')

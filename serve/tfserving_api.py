@@ -9,15 +9,18 @@ import base64
 import binascii
 
 import numpy as np
-from flask import Blueprint, current_app, jsonify, request
+from flask import Blueprint, current_app, jsonify
 from werkzeug.routing import BaseConverter
 
 from contract import SIGNATURE_PIXELS
 from serve import classify as cls
-from serve import signatures
+from serve import bodies, signatures
 from serve.backends import BackendError
 
 bp = Blueprint("tfserving", __name__, url_prefix="/v1/models")
+
+#: Most dimensions a string input may have: numpy's limit, which numeric inputs meet in np.asarray.
+MAX_RANK = 64
 
 
 class ModelNameConverter(BaseConverter):
@@ -82,9 +85,12 @@ def metadata(name, version=None):
 @bp.post("/<model:name>/versions/<int:version>:predict")
 def predict(name, version=None):
     meta = _meta(name, version)
-    body = request.get_json(silent=True, force=True)
+    try:
+        body = bodies.request_json()
+    except ValueError as e:
+        raise ApiError(str(e)) from None
     if not isinstance(body, dict):
-        raise ApiError("the body is not a valid JSON object")
+        raise ApiError("the body must be a JSON object")
     signature_name = body.get("signature_name") or SIGNATURE_PIXELS
     if not isinstance(signature_name, str):
         raise ApiError("signature_name must be a string")
@@ -169,9 +175,13 @@ def _kind_name(kind):
     )
 
 
-def _strings(value):
+def _strings(value, depth=0):
     if isinstance(value, list):
-        return [_strings(v) for v in value]
+        # Refuse deeper lists before they exhaust Python's recursion limit (a 500): the JSON
+        # decoder allows nearly a thousand levels.
+        if depth >= MAX_RANK:
+            raise ValueError(f"the lists nest deeper than {MAX_RANK} levels")
+        return [_strings(v, depth + 1) for v in value]
     if _is_b64(value):
         try:
             return base64.b64decode(value["b64"], validate=True)

@@ -11,6 +11,14 @@ from flask import current_app, request
 
 #: Most parts one request may hold (Flask's own MAX_FORM_PARTS default).
 MAX_PARTS = 1000
+#: Longest header line of a part. The package's default (4 kB) refused a real image whose file
+#: name was a few thousand characters; names that long are odd but harmless, and are
+#: shortened to ``MAX_FILENAME_CHARS`` in every answer.
+MAX_HEADER_BYTES = 64 * 1024
+#: Most header lines in one part (Content-Disposition, Content-Type and a few more).
+MAX_HEADERS = 16
+#: Longest file name an answer repeats; longer ones keep their start and their end.
+MAX_FILENAME_CHARS = 200
 
 
 class UploadError(ValueError):
@@ -30,9 +38,10 @@ def parse():
 
     ``fields`` maps each text field's name to its first value; ``files`` lists
     ``(field name, filename, bytes)`` for every file part, in order, empty ones included
-    (a browser sends an empty file input as a part with no filename and no bytes).
-    Raises ``UploadError`` for a malformed body (400) or too many parts (413), and
-    werkzeug's 413 when the body is over ``MAX_CONTENT_LENGTH``.
+    (a browser sends an empty file input as a part with no filename and no bytes); a
+    filename longer than ``MAX_FILENAME_CHARS`` comes shortened.
+    Raises ``UploadError`` for a malformed body or part headers over the limits (400) or
+    too many parts (413), and werkzeug's 413 when the body is over ``MAX_CONTENT_LENGTH``.
     """
     boundary = request.mimetype_params.get("boundary")
     if not boundary:
@@ -43,6 +52,8 @@ def parse():
         boundary,
         content_length=request.content_length if request.content_length is not None else -1,
         part_limit=MAX_PARTS,
+        header_limit=MAX_HEADERS,
+        headersize_limit=MAX_HEADER_BYTES,
         spool_limit=limit,  # every part stays in memory...
         memory_limit=limit,
         disk_limit=0,  # ...and none may go to disk
@@ -51,11 +62,31 @@ def parse():
     try:
         for part in parser:
             if part.filename is not None:
-                files.append((part.name, part.filename, part.raw))
+                files.append((part.name, shorten(part.filename), part.raw))
             else:
-                fields.setdefault(part.name, part.value)
+                fields.setdefault(part.name, _text(part))
     except multipart.ParserLimitReached as e:
-        raise UploadError(f"the upload is too large: {e}", 413) from None
+        if "header" in str(e):  # a name or a header line no client sends, not a big upload
+            raise UploadError(
+                f"a part's headers are over the limits ({MAX_HEADERS} lines of at most "
+                f"{MAX_HEADER_BYTES // 1024} KiB each; is a file name that long?): {e}"
+            ) from None
+        raise UploadError(f"the upload is too large (at most {MAX_PARTS} parts): {e}", 413) from None
     except multipart.MultipartError as e:
         raise UploadError(f"the multipart/form-data body is malformed: {e}") from None
     return fields, files
+
+
+def shorten(filename):
+    """``filename``, or its start and end around an ellipsis when over ``MAX_FILENAME_CHARS``."""
+    if len(filename) <= MAX_FILENAME_CHARS:
+        return filename
+    tail = MAX_FILENAME_CHARS // 4  # enough to keep the extension
+    return f"{filename[:MAX_FILENAME_CHARS - tail - 1]}\u2026{filename[-tail:]}"
+
+
+def _text(part):
+    try:
+        return part.value
+    except UnicodeDecodeError:
+        raise UploadError(f"the form field {shorten(part.name)!r} is not UTF-8 text") from None

@@ -1,0 +1,117 @@
+"""Request bodies: whatever a client sends, a body that cannot be read is a 400, never a 500.
+
+Two ways a body used to end as a 500, closed here for every route, present and future, by
+:func:`init_app`:
+
+* **JSON nested too deeply.** ``json.loads`` raises ``RecursionError``, not ``ValueError``, on
+  a body nested deeper than the interpreter's recursion limit (``[[[[...]]]]`` 100,000 levels
+  deep is only 200 kB), and Flask's ``request.get_json`` turns only ``ValueError`` into "bad
+  JSON". The app's JSON provider raises ``ValueError`` instead, so ``get_json(silent=True)``
+  returns ``None`` and ``get_json()`` answers 400, as for any other malformed body
+  (:func:`request_json` also says why: the routes here use it). A route that calls
+  ``json.loads`` itself (better: ``flask.json.loads``, the provider's) is covered by an
+  app-wide handler that answers 400 for a ``RecursionError`` raised inside the ``json``
+  package; one raised anywhere else is a bug in the server and stays a 500.
+* **A body the server cannot read**: a chunked body with a broken chunk, a client that
+  vanished mid-body. gunicorn's reader raises its own exceptions from ``wsgi.input``; the
+  input is wrapped so that any of them becomes werkzeug's ``BadRequest``, which the app's
+  error handler answers like every other 400.
+"""
+
+import json
+import os
+
+from flask import current_app, jsonify, request
+from flask.json.provider import DefaultJSONProvider
+from werkzeug.exceptions import BadRequest, HTTPException
+
+NESTED_TOO_DEEPLY = "nested too deeply"
+_JSON_PACKAGE = os.path.dirname(json.__file__) + os.sep
+
+
+class JSONProvider(DefaultJSONProvider):
+    """Flask's default provider, keys in insertion order, deep nesting a ``ValueError``."""
+
+    sort_keys = False
+
+    def loads(self, s, **kwargs):
+        try:
+            return super().loads(s, **kwargs)
+        except RecursionError:
+            raise ValueError(NESTED_TOO_DEEPLY) from None
+
+
+def request_json():
+    """The request body decoded as JSON, whatever its Content-Type; ``ValueError`` says why not."""
+    try:
+        return current_app.json.loads(request.get_data(cache=True))
+    except ValueError as e:
+        raise ValueError(f"the body is not valid JSON ({e})") from None
+
+
+def init_app(app):
+    app.json = JSONProvider(app)
+    app.register_error_handler(RecursionError, _recursion_error)
+    app.wsgi_app = _GuardedInputMiddleware(app.wsgi_app)
+
+
+def _recursion_error(e):
+    if not _raised_in_json_package(e):
+        raise e  # Flask's own 500 path: logged, and answered by the app's 500 handler
+    return jsonify(error=f"the body is not valid JSON ({NESTED_TOO_DEEPLY})"), 400
+
+
+def _raised_in_json_package(e):
+    tb = e.__traceback__
+    while tb.tb_next is not None:
+        tb = tb.tb_next
+    return tb.tb_frame.f_code.co_filename.startswith(_JSON_PACKAGE)
+
+
+class _GuardedInputMiddleware:
+    """WSGI middleware: ``wsgi.input`` wrapped in :class:`_GuardedInput`."""
+
+    def __init__(self, wsgi_app):
+        self.wsgi_app = wsgi_app
+
+    def __call__(self, environ, start_response):
+        if environ.get("wsgi.input") is not None:
+            environ["wsgi.input"] = _GuardedInput(environ["wsgi.input"])
+        return self.wsgi_app(environ, start_response)
+
+
+class _GuardedInput:
+    """A WSGI input stream whose read errors (the server's, from the client's bytes) are a ``BadRequest``."""
+
+    def __init__(self, stream):
+        self._stream = stream
+
+    def read(self, *args):
+        return self._guarded(self._stream.read, *args)
+
+    def readline(self, *args):
+        return self._guarded(self._stream.readline, *args)
+
+    def readlines(self, *args):
+        return self._guarded(self._stream.readlines, *args)
+
+    def __iter__(self):
+        return self
+
+    def __next__(self):
+        line = self.readline()
+        if not line:
+            raise StopIteration
+        return line
+
+    def __getattr__(self, name):
+        return getattr(self._stream, name)
+
+    @staticmethod
+    def _guarded(method, *args):
+        try:
+            return method(*args)
+        except HTTPException:
+            raise
+        except Exception as e:  # gunicorn's ParseException, NoMoreData, a reset socket...
+            raise BadRequest(f"the request body cannot be read: {type(e).__name__}: {e}") from None
