@@ -23,7 +23,11 @@ otherwise; an existing version is never overwritten) holding:
 * ``assets.extra/tf_serving_warmup_requests`` - ``PredictionLog`` records for both
   signatures, which TF Serving replays before it reports the model available;
 * ``assets.extra/manifest.json`` - the training manifest plus an ``export`` section
-  (model name, version, signatures, export time): where a served model came from.
+  (model name, version, signatures, export time, the LiteRT models' checks): where a
+  served model came from;
+* ``model.tflite`` and ``model.int8.tflite`` - ``serving_default`` as LiteRT models, float32
+  and int8, each published only when it agrees with the SavedModel on the run's test sample
+  (``export/litert.py`` says how, and what happens when one does not).
 
 Before anything becomes visible the model is proved to be the trained one: rebuilt
 with the registry's builder, its outputs on the manifest's probe batch must match the
@@ -62,6 +66,7 @@ from contract import (
     WEIGHTS_FILE,
     sha256_file,
 )
+from export import litert
 
 DEFAULT_MODEL_DIR = "models"
 TOLERANCE = 1e-5  # max absolute difference allowed between probabilities, float32
@@ -224,7 +229,9 @@ def _write_version(model, manifest, probe, expected, run_dir, model_dir, name, v
         staging = os.path.join(tmp, str(version))
         _save(model, manifest["class_names"], staging)
         signatures = _verify(staging, probe, expected, manifest["class_names"])
-        _write_assets(staging, manifest, name, version, signatures, run_dir, probe)
+        lite = litert.export(staging, run_dir, probe, expected,
+                             samples_sha256=(manifest.get("samples") or {}).get("sha256"), verbose=verbose)
+        _write_assets(staging, manifest, name, version, signatures, run_dir, probe, lite)
         if os.path.lexists(final):  # someone else exported this version meanwhile
             raise ExportError(f"{final} already exists; versions are never overwritten")
         os.rename(staging, final)
@@ -377,7 +384,7 @@ def _shape_text(shape):
     return "[" + ", ".join("None" if d == -1 else str(d) for d in shape) + "]"
 
 
-def _write_assets(path, manifest, name, version, signatures, run_dir, probe):
+def _write_assets(path, manifest, name, version, signatures, run_dir, probe, lite=None):
     extra = os.path.join(path, ASSETS_EXTRA)
     os.makedirs(extra, exist_ok=True)
     _write_warmup(os.path.join(extra, WARMUP_FILE), name, probe)
@@ -397,6 +404,8 @@ def _write_assets(path, manifest, name, version, signatures, run_dir, probe):
             for sig, desc in signatures.items()
         },
     }
+    if lite is not None:
+        served["export"]["litert"] = lite  # export/litert.py: what was checked, published or refused, and why
     with open(os.path.join(extra, MANIFEST_FILE), "w") as f:
         json.dump(served, f, indent=2)
         f.write("\n")
@@ -443,13 +452,36 @@ def build_parser():
                    help="model name, TF Serving's MODEL_NAME (default: %(default)s)")
     p.add_argument("--version", type=_positive_int,
                    help="version number to write; never overwrites one (default: the next free number)")
+    p.add_argument("--skip-if-exported", action="store_true",
+                   help="do nothing when a version under MODEL_DIR/NAME already holds these weights")
     p.add_argument("--quiet", action="store_true", help="print nothing on success")
     return p
+
+
+def exported_version(run_dir, model_dir, name):
+    """The version directory under ``model_dir/name`` already published from the run's weights, or None."""
+    import glob
+
+    from contract import manifest as manifests
+
+    weights = _read_manifest(run_dir)["weights"]["sha256"]
+    for path in sorted(glob.glob(os.path.join(model_dir, name, "*", ASSETS_EXTRA, MANIFEST_FILE))):
+        try:
+            if manifests.read(path).weights.sha256 == weights:
+                return os.path.dirname(os.path.dirname(path))
+        except manifests.ManifestError:
+            continue  # a version this code cannot read was not made from this run
+    return None
 
 
 def main(argv=None):
     args = build_parser().parse_args(argv)
     try:
+        existing = exported_version(args.run, args.model_dir, args.name) if args.skip_if_exported else None
+        if existing:
+            if not args.quiet:
+                print(f"already exported as {existing}")
+            return 0
         run(run_dir=args.run, model_dir=args.model_dir, name=args.name, version=args.version,
             verbose=0 if args.quiet else 1)
     except ExportError as exc:
