@@ -1,5 +1,7 @@
 # syntax=docker/dockerfile:1
-# The serving image: the Flask front end in serve/, under gunicorn, on a slim Python base.
+# The serving image: the Flask front end in serve/, under gunicorn, on a slim Python base. No
+# TensorFlow: the model runs in LiteRT (SERVE_RUNTIME=litert, or litert-int8), and the TF Serving
+# backends speak gRPC through the protos vendored in client/protos.
 #
 # Typical usage (docs/deploy.md has the rest):
 #   docker build -t cifar-serve .
@@ -12,17 +14,20 @@
 
 ARG PYTHON_VERSION=3.11
 
-# --- build: install the package and the `serve` extra into a virtual environment ---------------
+# --- build: install the package and the `serve` extra (no TensorFlow) into a virtual environment --
 FROM python:${PYTHON_VERSION}-slim-bookworm AS build
 ENV PIP_DISABLE_PIP_VERSION_CHECK=1
 RUN python -m venv /opt/venv
 ENV PATH=/opt/venv/bin:$PATH
 WORKDIR /src
 # Only what the install needs: the project metadata (README.md is its readme) and the packages the
-# server imports; tests/test_deploy.py checks that serve/ imports nothing else. "./[serve]" is
-# ".[serve]" spelled so hadolint sees a local path, not an unpinned package from an index.
+# server imports (of client/, only the vendored protos); tests/test_deploy.py checks that serve/
+# imports nothing else. "./[serve]" is ".[serve]" spelled so hadolint sees a local path, not an
+# unpinned package from an index. SERVE_RUNTIME=savedmodel needs "./[savedmodel]" instead.
 COPY pyproject.toml README.md ./
 COPY contract ./contract
+COPY client/__init__.py ./client/
+COPY client/protos ./client/protos
 COPY serve ./serve
 RUN pip install --no-cache-dir "./[serve]"
 
@@ -39,10 +44,10 @@ COPY --chmod=0755 ${MODEL_SRC} /models/
 ENV PATH=/opt/venv/bin:$PATH \
     PYTHONUNBUFFERED=1 \
     PYTHONDONTWRITEBYTECODE=1 \
-    TF_CPP_MIN_LOG_LEVEL=2 \
     MODEL_NAME=cifar10 \
     MODEL_BASE_PATH=/models \
     SERVE_BACKEND=local \
+    SERVE_RUNTIME=litert \
     PORT=8000 \
     PROMETHEUS_MULTIPROC_DIR=/tmp/prometheus
 WORKDIR /srv

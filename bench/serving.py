@@ -1,28 +1,29 @@
-"""Serving throughput and latency, side by side in one run: the raw SavedModel signature, the
-local backend through its interface, HTTP through gunicorn (serve/), and a naive Flask baseline.
+"""Serving runtimes side by side in one run: agreement, in-process speed, HTTP through gunicorn, memory.
 
 Typical usage::
 
     python bench/serving.py --model-dir models/cifar10 --data ../shared/data/cifar10-jpeg.zip
+    python bench/serving.py --model-dir models/cifar10 --run runs/seed_cnn   # + int8 calibration variants
 
-Rows:
+Sections:
 
-* raw: ``serving_default`` called in-process on uint8 pixels at batch 1, 32 and 64, one call
-  after another;
-* backend: ``serve.backends.LocalBackend.predict`` (its micro-batcher included) at batch 1 and
-  64 from one thread, and batch 1 from 32 threads at once;
-* HTTP: ``python -m serve`` under gunicorn, driven by ``wrk`` (Debian's ``wrk``) posting a
-  prepared multipart body (bench/wrk/post_body.lua): one image at concurrency 1, 8 and 32, and
-  64 images per request;
-* naive: bench/naive_app.py (Keras ``model.predict`` per request, gunicorn's default sync worker).
+* agreement: every test image of ``--data`` (10,000 for CIFAR-10) through the SavedModel and
+  each LiteRT model of the newest version: top-1 agreement with the SavedModel, accuracy, largest
+  probability difference. With ``--run``, int8 models calibrated other ways on the run's training
+  sample are compared too (export publishes only one of them).
+* raw: each runtime of serve/runtimes.py called in-process on uint8 pixels at batch 1, 32, 64,
+  one call after another, with every core (LiteRT: ``num_threads`` = cores).
+* HTTP: ``python -m serve`` under gunicorn with ``SERVE_RUNTIME`` set to each runtime in turn,
+  and the floor, bench/hello_app.py (a fixed JSON answer) under the same gunicorn configuration,
+  driven by ``wrk`` posting a prepared multipart body of CIFAR JPEGs (bench/wrk/post_body.lua):
+  one image at concurrency 1 and 32, and 64 images per request on two connections. After its
+  rows, each server's worker processes' resident memory is read from /proc.
 
-Every server is started here on a free loopback port and stopped at the end; only one runs at a
-time. The raw rows and the serve/ HTTP rows are measured in interleaved rounds (raw, HTTP, raw,
-HTTP, ...) and the medians are compared, so a change in background load during the run shows up
-in the per-round numbers instead of skewing one side. The 64-image target uses two connections
-(one request decodes while the other's batch runs); one connection is shown too. wrk is pinned to
-at most two threads so that the load generator leaves the server's cores alone. Percentiles are
-exact (wrk's latency record via the Lua ``done`` hook, or every timed call in-process).
+Raw and HTTP rows are measured in ``--repeats`` rounds, each round going through every runtime
+(and the floor) once, and the medians compared, so a change in background load during the run
+shows up in the per-round numbers instead of favouring one side. Only one server runs at a time;
+wrk runs on at most two threads. Percentiles are exact (wrk's latency record via the Lua ``done``
+hook, or every timed call in-process).
 """
 
 import argparse
@@ -38,7 +39,6 @@ import statistics
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 import urllib.request
 import zipfile
@@ -50,46 +50,50 @@ sys.path.insert(0, ROOT)
 import numpy as np  # noqa: E402
 from PIL import Image  # noqa: E402
 
-from contract import INPUT_PIXELS, SIGNATURE_PIXELS  # noqa: E402
-from serve import signatures  # noqa: E402
+from contract import LITERT_FILE, LITERT_INT8_FILE, OUTPUT_PROBABILITIES, SAMPLES_FILE  # noqa: E402
+from serve import runtimes, signatures  # noqa: E402
 
 WRK_SCRIPT = os.path.join(ROOT, "bench", "wrk", "post_body.lua")
 PREDICT_PATH = "/api/v1/predict"
 BOUNDARY = "benchserving7d1f0c"
+RUNTIMES = ("savedmodel", "litert", "litert-int8")
+FLOOR = "hello-world floor"
 # (label, images per request, wrk threads, wrk connections)
 HTTP_RUNS = (
     ("1 image, c=1", 1, 1, 1),
-    ("1 image, c=8", 1, 2, 8),
     ("1 image, c=32", 1, 2, 32),
-    ("64 images, c=1", 64, 1, 1),
     ("64 images, c=2", 64, 1, 2),
 )
-NAIVE_RUNS = (
-    ("1 image, c=1", 1, 1, 1),
-    ("1 image, c=32", 1, 2, 32),
-)
+FLOOR_RUNS = HTTP_RUNS[:2]
+RAW_BATCHES = (1, 32, 64)
 TARGETS = {
-    "batched": 0.8,  # HTTP 64-image requests / raw batch 64, images per second
-    "c32_vs_raw": 0.35,  # HTTP single images at c=32 / raw batch 32
-    "c32_vs_naive": 10.0,  # HTTP single images at c=32 / naive at c=32
-    "p50_c1": 2.0,  # HTTP p50 at c=1 / raw batch-1 p50 (at most)
+    "int8_agreement": 0.99,  # int8 top-1 agreement with the SavedModel, all test images
+    "int8_accuracy_loss": 0.003,  # at most, accuracy points as a fraction
+    "batched_vs_savedmodel": 2.5,  # HTTP 64-image requests, litert / savedmodel, images per second
+    "c32_vs_floor": 0.4,  # HTTP single images at c=32, litert / hello-world floor
+    "p50_c1_ms": 1.0,  # HTTP p50 at c=1, litert, at most
+    "worker_rss_mb": 200,  # resident memory per gunicorn worker, litert, at most
 }
 
 
 # -- inputs ----------------------------------------------------------------------------------
-def read_jpegs(zip_path, count):
-    """``count`` JPEGs from the archive's test/ split, a few from each class, as bytes."""
+def read_test_jpegs(zip_path, count=None):
+    """``[(class folder, file name, bytes)]`` of the archive's test/ split, classes interleaved."""
     with zipfile.ZipFile(zip_path) as archive:
-        names = sorted(n for n in archive.namelist() if n.startswith("test/") and n.lower().endswith(".jpg"))
+        names = sorted(n for n in archive.namelist() if n.startswith("test/") and n.lower().endswith((".jpg", ".jpeg", ".png")))
         by_class = {}
         for name in names:
             by_class.setdefault(name.split("/")[1], []).append(name)
-        picked = []
-        while len(picked) < count:
+        picked, total = [], count or len(names)
+        while len(picked) < total and any(by_class.values()):
             for files in by_class.values():
-                if files and len(picked) < count:
+                if files and len(picked) < total:
                     picked.append(files.pop(0))
-        return [(os.path.basename(n), archive.read(n)) for n in picked]
+        return [(n.split("/")[1], os.path.basename(n), archive.read(n)) for n in picked]
+
+
+def decode(data):
+    return np.asarray(Image.open(io.BytesIO(data)).convert("RGB").resize((32, 32), Image.Resampling.BILINEAR), np.uint8)
 
 
 def multipart(files):
@@ -103,12 +107,60 @@ def multipart(files):
     return b"".join(parts) + f"--{BOUNDARY}--\r\n".encode()
 
 
-def pixels(files, batch):
-    decoded = [np.asarray(Image.open(io.BytesIO(data)).convert("RGB")) for _, data in files]
-    return np.stack([decoded[i % len(decoded)] for i in range(batch)]).astype(np.uint8)
+# -- agreement on every test image -----------------------------------------------------------
+def probabilities(model, images, batch=256):
+    return np.concatenate([np.asarray(model.pixels(images[i:i + batch])[OUTPUT_PROBABILITIES], np.float32)
+                           for i in range(0, len(images), batch)])
 
 
-# -- in-process measurements ---------------------------------------------------------------------
+def agreement_rows(version_dir, images, labels, run_dir=None):
+    """``[(name, measures)]``: each runtime (and, with ``run_dir``, each int8 calibration variant) against the SavedModel."""
+    cores = len(os.sched_getaffinity(0))
+    reference = probabilities(runtimes.load("savedmodel", version_dir), images)
+    rows = [("savedmodel", measure(reference, reference, labels))]
+    for runtime in ("litert", "litert-int8"):
+        if os.path.isfile(os.path.join(version_dir, runtimes.MODEL_FILES[runtime])):
+            rows.append((runtime, measure(probabilities(runtimes.load(runtime, version_dir, cores), images), reference, labels)))
+    if run_dir:
+        rows += calibration_variants(version_dir, run_dir, images, reference, labels)
+    return rows
+
+
+def calibration_variants(version_dir, run_dir, images, reference, labels):
+    """int8 models quantized other ways from the same SavedModel, compared on the same images."""
+    from export import litert
+
+    with np.load(os.path.join(run_dir, SAMPLES_FILE)) as data:
+        train = data["train_images"]
+    flipped = np.concatenate([train, train[:, :, ::-1]])  # the training augmentation's mirror images too
+    variants = (
+        ("int8, every op quantized", train, ()),
+        ("int8, float SOFTMAX", train, ("SOFTMAX",)),
+        (f"int8, float {'+'.join(litert.FLOAT_HEAD_OPS)} (published)", train, litert.FLOAT_HEAD_OPS),
+        (f"int8, float {'+'.join(litert.FLOAT_HEAD_OPS)}, + mirrored calibration", flipped, litert.FLOAT_HEAD_OPS),
+    )
+    rows = []
+    for name, calibration, float_ops in variants:
+        content = litert.convert_int8(version_dir, calibration, float_ops)
+        got = np.concatenate([litert.runner(content)(images[i:i + 256]) for i in range(0, len(images), 256)])
+        row = measure(got, reference, labels)
+        row.update(calibration_images=len(calibration), megabytes=len(content) / 1e6)
+        rows.append((name, row))
+    return rows
+
+
+def measure(got, reference, labels):
+    same = got.argmax(1) == reference.argmax(1)
+    return {
+        "images": len(got),
+        "agreement": float(same.mean()),
+        "accuracy": float((got.argmax(1) == labels).mean()),
+        "accuracy_loss": float((reference.argmax(1) == labels).mean() - (got.argmax(1) == labels).mean()),
+        "max_abs_diff": float(np.abs(got - reference).max()),
+    }
+
+
+# -- in-process speed ----------------------------------------------------------------------------
 def summarise(latencies_s, images, elapsed_s):
     ms = np.asarray(latencies_s) * 1000.0
     return {"images_per_s": images / elapsed_s, "p50_ms": float(np.percentile(ms, 50)), "p99_ms": float(np.percentile(ms, 99))}
@@ -123,65 +175,15 @@ def time_calls(fn, batch, seconds, warmup=5):
         t = time.perf_counter()
         fn()
         latencies.append(time.perf_counter() - t)
-    elapsed = time.perf_counter() - started
-    return summarise(latencies, len(latencies) * batch, elapsed)
+    return summarise(latencies, len(latencies) * batch, time.perf_counter() - started)
 
 
-def time_threads(fn, threads, seconds):
-    """``fn`` called in a loop from ``threads`` threads at once (one image each)."""
-    for _ in range(5):
-        fn()
-    latencies = [[] for _ in range(threads)]
-    stop = time.perf_counter() + seconds
-    barrier = threading.Barrier(threads + 1)
-
-    def loop(mine):
-        barrier.wait()
-        while time.perf_counter() < stop:
-            t = time.perf_counter()
-            fn()
-            mine.append(time.perf_counter() - t)
-
-    workers = [threading.Thread(target=loop, args=(latencies[i],)) for i in range(threads)]
-    for w in workers:
-        w.start()
-    started = time.perf_counter()
-    barrier.wait()
-    for w in workers:
-        w.join()
-    elapsed = time.perf_counter() - started
-    flat = [x for mine in latencies for x in mine]
-    return summarise(flat, len(flat), elapsed)
-
-
-def raw_caller(version_dir, files):
-    """``{batch: call}``: ``serving_default`` on real pixels at batch 1, 32 and 64."""
-    import tensorflow as tf
-
-    fn = tf.saved_model.load(version_dir).signatures[SIGNATURE_PIXELS]
-    calls = {}
-    for batch in (1, 32, 64):
-        x = tf.constant(pixels(files, batch))
-        calls[batch] = lambda x=x: fn(**{INPUT_PIXELS: x})["probabilities"].numpy()
-    return calls
-
-
-def raw_rows(calls, seconds):
-    return {batch: time_calls(call, batch, seconds) for batch, call in calls.items()}
-
-
-def backend_rows(model_dir, files, seconds):
-    from serve.backends import LocalBackend
-
-    backend = LocalBackend(model_dir, "cifar10")
-    backend.wait_loaded()
-    one, sixty_four = pixels(files, 1), pixels(files, 64)
-    rows = {
-        "batch 1": time_calls(lambda: backend.predict(one), 1, seconds),
-        "batch 64": time_calls(lambda: backend.predict(sixty_four), 64, seconds),
-        "batch 1 x 32 threads": time_threads(lambda: backend.predict(one), 32, seconds),
-    }
-    backend.close()
+def raw_round(models, images, seconds):
+    rows = {}
+    for runtime, model in models.items():
+        for batch in RAW_BATCHES:
+            x = images[:batch]
+            rows[(runtime, batch)] = time_calls(lambda x=x: model.pixels(x), batch, seconds)
     return rows
 
 
@@ -212,8 +214,25 @@ class Server:
     """A server process in its own process group, stopped (SIGTERM, then SIGKILL) on exit."""
 
     def __init__(self, argv, env, log_path):
-        self.log = open(log_path, "wb")
+        self.log = open(log_path, "ab")
         self.proc = subprocess.Popen(argv, cwd=ROOT, env=env, stdout=self.log, stderr=subprocess.STDOUT, start_new_session=True)
+
+    def worker_rss_mb(self):
+        """Resident memory of each gunicorn worker (the master's children), MB."""
+        try:
+            with open(f"/proc/{self.proc.pid}/task/{self.proc.pid}/children") as f:
+                children = [int(pid) for pid in f.read().split()]
+        except OSError:
+            return []
+        sizes = []
+        for pid in children:
+            try:
+                with open(f"/proc/{pid}/status") as f:
+                    kb = next(int(line.split()[1]) for line in f if line.startswith("VmRSS:"))
+                sizes.append(kb / 1024)
+            except (OSError, StopIteration):
+                pass
+        return sizes
 
     def stop(self):
         if self.proc.poll() is None:
@@ -237,62 +256,47 @@ def run_wrk(url, body_path, images, threads, connections, seconds):
     errors = r["connect_errors"] + r["read_errors"] + r["write_errors"] + r["status_errors"] + r["timeouts"]
     return {
         "images_per_s": r["requests"] * images / (r["duration_us"] / 1e6),
+        "requests_per_s": r["requests"] / (r["duration_us"] / 1e6),
         "p50_ms": r["p50_us"] / 1000.0,
         "p99_ms": r["p99_us"] / 1000.0,
         "errors": errors,
-        "requests": r["requests"],
     }
 
 
-def http_rows(port, bodies, runs, seconds, warmup_s):
+def serve_round(name, model_dir, bodies, args, logdir):
+    """Start ``name``'s server (a runtime of serve/, or the floor), run its wrk rows, read its memory, stop it."""
+    port = free_port()
+    env = dict(os.environ)
+    env.update(kv.split("=", 1) for kv in args.serve_env)
+    if name == FLOOR:
+        argv = [sys.executable, "-m", "gunicorn", "-c", "python:serve.gunicorn_conf", "bench.hello_app:create_app()"]
+        env.update(HOST="127.0.0.1", PORT=str(port))
+        runs = FLOOR_RUNS
+    else:
+        argv = [sys.executable, "-m", "serve", "--model-dir", model_dir, "--host", "127.0.0.1", "--port", str(port)]
+        env["SERVE_RUNTIME"] = name
+        runs = HTTP_RUNS
+    server = Server(argv, env, os.path.join(logdir, f"{name.replace(' ', '-')}.log"))
     url = f"http://127.0.0.1:{port}{PREDICT_PATH}"
-    rows = {}
-    for label, images, threads, connections in runs:
-        if warmup_s:
-            run_wrk(url, bodies[images], images, threads, connections, warmup_s)
-        rows[label] = run_wrk(url, bodies[images], images, threads, connections, seconds)
-    return rows
+    try:
+        if name == FLOOR:
+            with open(bodies[1], "rb") as f:
+                wait_until(url, f.read(), f"multipart/form-data; boundary={BOUNDARY}", 60, server.proc)
+        else:
+            wait_until(f"http://127.0.0.1:{port}/readyz", None, None, 180, server.proc)
+        rows = {}
+        for label, images, threads, connections in runs:
+            if args.warmup:
+                run_wrk(url, bodies[images], images, threads, connections, args.warmup)
+            rows[label] = run_wrk(url, bodies[images], images, threads, connections, args.duration)
+        return rows, server.worker_rss_mb()
+    finally:
+        server.stop()
 
 
 def median_rows(rounds):
     """Per row, the median of each number over the rounds."""
-    return {
-        key: {name: statistics.median(r[key][name] for r in rounds) for name in rounds[0][key]} for key in rounds[0]
-    }
-
-
-def serve_and_raw_rows(model_dir, bodies, raw_calls, args, logdir):
-    """Interleaved rounds: the raw signature, then every HTTP row, ``args.repeats`` times."""
-    port = free_port()
-    env = dict(os.environ)
-    env.update(kv.split("=", 1) for kv in args.serve_env)
-    server = Server(
-        [sys.executable, "-m", "serve", "--model-dir", model_dir, "--host", "127.0.0.1", "--port", str(port)],
-        env,
-        os.path.join(logdir, "serve.log"),
-    )
-    raw_rounds, http_rounds = [], []
-    try:
-        wait_until(f"http://127.0.0.1:{port}/readyz", None, None, 180, server.proc)
-        for round_ in range(args.repeats):
-            raw_rounds.append(raw_rows(raw_calls, args.raw_seconds))
-            http_rounds.append(http_rows(port, bodies, HTTP_RUNS, args.duration, args.warmup if round_ == 0 else 0))
-    finally:
-        server.stop()
-    return raw_rounds, http_rounds
-
-
-def naive_rows(version_dir, bodies, args, logdir):
-    port = free_port()
-    env = dict(os.environ, NAIVE_MODEL_DIR=version_dir)
-    argv = [sys.executable, "-m", "gunicorn", "--bind", f"127.0.0.1:{port}", "--timeout", "120", "bench.naive_app:create_app()"]
-    server = Server(argv, env, os.path.join(logdir, "naive.log"))
-    try:
-        with open(bodies[1], "rb") as f:
-            wait_until(f"http://127.0.0.1:{port}{PREDICT_PATH}", f.read(), f"multipart/form-data; boundary={BOUNDARY}", 180, server.proc)
-        return http_rows(port, bodies, NAIVE_RUNS, args.duration, args.warmup)
-    finally:
-        server.stop()
+    return {key: {k: statistics.median(r[key][k] for r in rounds) for k in rounds[0][key]} for key in rounds[0]}
 
 
 # -- report -------------------------------------------------------------------------------------
@@ -307,96 +311,122 @@ def cpu_model():
     return platform.processor() or platform.machine()
 
 
-def background_load():
-    """Other processes busy on this machine, e.g. training jobs (their command lines)."""
+def load_average():
     try:
-        out = subprocess.run(["pgrep", "-af", "m train"], capture_output=True, text=True).stdout
+        with open("/proc/loadavg") as f:
+            return " ".join(f.read().split()[:3])
     except OSError:
-        return []
-    return [line.split(" ", 1)[1] for line in out.splitlines() if line.strip() and "pgrep" not in line]
+        return "?"
 
 
-def table(rows):
-    lines = ["| path | case | images/s | p50 ms | p99 ms | img/s per round |", "|---|---|---:|---:|---:|---|"]
-    for path, case, r, rounds in rows:
-        note = f" ({r['errors']:.0f} errors)" if r.get("errors") else ""
-        lines.append(f"| {path} | {case} | {r['images_per_s']:.0f}{note} | {r['p50_ms']:.2f} | {r['p99_ms']:.2f} | {rounds} |")
-    return "\n".join(lines)
+def verdict(value, op, target):
+    return "met" if (value >= target if op == ">=" else value <= target) else "MISSED"
 
 
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--model-dir", default="models/cifar10", help="model directory holding version folders N/")
-    p.add_argument("--data", default="../shared/data/cifar10-jpeg.zip", help="CIFAR-10 JPEG zip; test/ images become the payloads")
+    p.add_argument("--data", default="../shared/data/cifar10-jpeg.zip", help="CIFAR-10 JPEG zip: test/<class>/ images")
+    p.add_argument("--run", help="the training run the model came from: adds int8 calibration variants on its samples file")
+    p.add_argument("--agreement-images", type=int, default=0, help="test images for the agreement table (0: all)")
     p.add_argument("--duration", type=int, default=5, help="seconds per timed wrk run")
-    p.add_argument("--repeats", type=int, default=3, help="interleaved rounds of raw and HTTP rows (medians reported)")
+    p.add_argument("--repeats", type=int, default=2, help="rounds over every runtime (medians reported)")
     p.add_argument("--warmup", type=int, default=2, help="untimed wrk seconds before each timed run (0: none)")
     p.add_argument("--raw-seconds", type=float, default=2.0, help="seconds per in-process row")
-    p.add_argument("--serve-env", action="append", default=[], metavar="KEY=VALUE", help="extra environment for the serve/ server")
-    p.add_argument("--skip-naive", action="store_true", help="leave out the naive baseline (quicker while tuning)")
+    p.add_argument("--serve-env", action="append", default=[], metavar="KEY=VALUE", help="extra environment for every server")
+    p.add_argument("--skip-http", action="store_true", help="only the in-process sections")
     args = p.parse_args(argv)
-    if not shutil.which("wrk"):
+    if not args.skip_http and not shutil.which("wrk"):
         sys.exit("wrk not found: apt-get install -y wrk")
 
     model_dir = os.path.abspath(args.model_dir)
     available = signatures.versions(model_dir)
     if not available:
-        sys.exit(f"no SavedModel versions under {model_dir}")
+        sys.exit(f"no versions under {model_dir}")
     version_dir = os.path.join(model_dir, str(available[-1]))
-    files = read_jpegs(args.data, 64)
+    class_names = signatures.read_manifest(version_dir).get("class_names")
+    test = read_test_jpegs(args.data, args.agreement_images or None)
+    images = np.stack([decode(data) for _, _, data in test])
+    labels = np.asarray([class_names.index(folder) for folder, _, _ in test])
     logdir = tempfile.mkdtemp(prefix="bench-serving-")
     bodies = {}
     for n in (1, 64):
         bodies[n] = os.path.join(logdir, f"body-{n}.bin")
         with open(bodies[n], "wb") as f:
-            f.write(multipart(files[:n]))
-
-    import tensorflow as tf
-
-    background = background_load()
-    raw_calls = raw_caller(version_dir, files)
-    backend = backend_rows(model_dir, files, args.raw_seconds)
-    raw_rounds, http_rounds = serve_and_raw_rows(model_dir, bodies, raw_calls, args, logdir)
-    naive = {} if args.skip_naive else naive_rows(version_dir, bodies, args, logdir)
-    raw, http = median_rows(raw_rounds), median_rows(http_rounds)
-
-    def spread(rounds, key):
-        return " / ".join(f"{r[key]['images_per_s']:.0f}" for r in rounds)
-
-    rows = [("raw signature", f"batch {b}", raw[b], spread(raw_rounds, b)) for b in raw]
-    rows += [("local backend", case, r, "") for case, r in backend.items()]
-    rows += [("HTTP serve/", case, r, spread(http_rounds, case)) for case, r in http.items()]
-    rows += [("HTTP naive", case, r, "") for case, r in naive.items()]
-
-    c32 = http["1 image, c=32"]["images_per_s"]
-    ratios = [
-        ("HTTP 64 images/request c=2 / raw batch 64, img/s", http["64 images, c=2"]["images_per_s"] / raw[64]["images_per_s"], ">=", TARGETS["batched"]),
-        ("HTTP 1 image c=32 / raw batch 32, img/s", c32 / raw[32]["images_per_s"], ">=", TARGETS["c32_vs_raw"]),
-    ]
-    if naive:
-        ratios.append(("HTTP 1 image c=32 / naive c=32, img/s", c32 / naive["1 image, c=32"]["images_per_s"], ">=", TARGETS["c32_vs_naive"]))
-    ratios.append(("HTTP p50 at c=1 / raw batch-1 p50", http["1 image, c=1"]["p50_ms"] / raw[1]["p50_ms"], "<=", TARGETS["p50_c1"]))
-    # Not a target: one client sending batches strictly one after another, so nothing overlaps.
-    info = [("HTTP 64 images/request c=1 / raw batch 64, img/s", http["64 images, c=1"]["images_per_s"] / raw[64]["images_per_s"])]
+            f.write(multipart([(name, data) for _, name, data in test[:n]]))
 
     print(f"command: python bench/serving.py {' '.join(sys.argv[1:] if argv is None else argv)}")
-    print(f"machine: {cpu_model()}, {os.cpu_count()} CPUs, TensorFlow {tf.__version__}, model {version_dir}")
-    print(f"{args.repeats} interleaved rounds (raw signature, then every serve/ HTTP row); medians shown, "
-          f"per-round img/s in the last column")
-    print(f"wrk: {args.duration} s per row ({args.warmup} s warmup in the first round); in-process rows {args.raw_seconds:g} s each")
+    print(f"machine: {cpu_model()}, {os.cpu_count()} CPUs; model {version_dir}; load average at start {load_average()}")
+
+    agreement = agreement_rows(version_dir, images, labels, args.run)
+    print(f"\n### Agreement with the SavedModel ({len(images)} test images)\n")
+    print("| model | top-1 agreement | accuracy | accuracy change | max abs prob. diff |")
+    print("|---|---:|---:|---:|---:|")
+    for name, r in agreement:
+        print(f"| {name} | {r['agreement']:.2%} | {r['accuracy']:.2%} | {-r['accuracy_loss'] * 100:+.2f} pt | {r['max_abs_diff']:.2g} |")
+
+    cores = len(os.sched_getaffinity(0))
+    models = {rt: runtimes.load(rt, version_dir, cores) for rt in RUNTIMES
+              if os.path.isfile(os.path.join(version_dir, runtimes.MODEL_FILES[rt]))}
+    raw_rounds, http_rounds, rss = [], [], {}
+    names = ([] if args.skip_http else [*models, FLOOR])
+    for _ in range(args.repeats):
+        raw_rounds.append(raw_round(models, images, args.raw_seconds))
+        round_rows = {}
+        for name in names:
+            rows, sizes = serve_round(name, model_dir, bodies, args, logdir)
+            round_rows.update({(name, label): r for label, r in rows.items()})
+            rss[name] = max(sizes + [rss.get(name, 0.0)]) if sizes else rss.get(name)
+        http_rounds.append(round_rows)
+    del models
+
+    raw = median_rows(raw_rounds)
+    print(f"\n### In-process, one call after another ({args.repeats} rounds, medians; LiteRT on {cores} threads)\n")
+    print("| runtime | batch | images/s | p50 ms | p99 ms | img/s per round |")
+    print("|---|---:|---:|---:|---:|---|")
+    for (runtime, batch), r in raw.items():
+        per_round = " / ".join(f"{x[(runtime, batch)]['images_per_s']:.0f}" for x in raw_rounds)
+        print(f"| {runtime} | {batch} | {r['images_per_s']:.0f} | {r['p50_ms']:.2f} | {r['p99_ms']:.2f} | {per_round} |")
+    if args.skip_http:
+        return
+    http = median_rows(http_rounds)
+    print(f"\n### HTTP through gunicorn ({args.repeats} rounds, medians; wrk {args.duration} s a row after {args.warmup} s warmup)\n")
     if args.serve_env:
-        print(f"serve/ environment: {' '.join(args.serve_env)}")
-    print("background load during the run: " + ("; ".join(background) if background else "none found (pgrep -af 'm train')"))
-    print()
-    print(table(rows))
-    print()
-    print("| ratio | measured | target | |")
+        print(f"every server's extra environment: {' '.join(args.serve_env)}\n")
+    print("| server | case | images/s | requests/s | p50 ms | p99 ms | img/s per round | worker RSS MB (max) |")
+    print("|---|---|---:|---:|---:|---:|---|---:|")
+    for (name, label), r in http.items():
+        per_round = " / ".join(f"{x[(name, label)]['images_per_s']:.0f}" for x in http_rounds)
+        errors = f" ({r['errors']:.0f} errors)" if r["errors"] else ""
+        memory = f"{rss[name]:.0f}" if rss.get(name) else "?"
+        print(f"| {name} | {label} | {r['images_per_s']:.0f}{errors} | {r['requests_per_s']:.0f} | {r['p50_ms']:.2f} | "
+              f"{r['p99_ms']:.2f} | {per_round} | {memory} |")
+
+    print("\n### Targets\n")
+    print("| target | measured | wanted | |")
     print("|---|---:|---:|---|")
-    for name, value, op, target in ratios:
-        ok = value >= target if op == ">=" else value <= target
-        print(f"| {name} | {value:.2f}x | {op} {target:g}x | {'PASS' if ok else 'FAIL'} |")
-    for name, value in info:
-        print(f"| {name} | {value:.2f}x | (no target) | |")
+    found = dict(agreement)
+    checks = []
+    if "litert" in found:
+        checks.append(("LiteRT float top-1 agreement, all test images", found["litert"]["agreement"], ">=", 1.0, "{:.2%}"))
+    if "litert-int8" in found:
+        checks.append(("int8 top-1 agreement, all test images", found["litert-int8"]["agreement"], ">=", TARGETS["int8_agreement"], "{:.2%}"))
+        checks.append(("int8 accuracy loss, points", found["litert-int8"]["accuracy_loss"] * 100, "<=", TARGETS["int8_accuracy_loss"] * 100, "{:.2f}"))
+    if ("litert", "64 images, c=2") in http and ("savedmodel", "64 images, c=2") in http:
+        checks.append(("HTTP 64 images/request: litert / savedmodel", http[("litert", "64 images, c=2")]["images_per_s"]
+                       / http[("savedmodel", "64 images, c=2")]["images_per_s"], ">=", TARGETS["batched_vs_savedmodel"], "{:.2f}x"))
+    if ("litert", "1 image, c=32") in http:
+        floor = http[(FLOOR, "1 image, c=32")]["requests_per_s"]
+        for runtime in ("litert", "litert-int8"):
+            if (runtime, "1 image, c=32") in http:
+                checks.append((f"HTTP 1 image c=32: {runtime} / floor", http[(runtime, "1 image, c=32")]["requests_per_s"] / floor,
+                               ">=", TARGETS["c32_vs_floor"], "{:.2f}x"))
+        checks.append(("HTTP 1 image c=1: litert p50, ms", http[("litert", "1 image, c=1")]["p50_ms"], "<=", TARGETS["p50_c1_ms"], "{:.2f}"))
+    if rss.get("litert"):
+        checks.append(("worker RSS, litert, MB", rss["litert"], "<=", TARGETS["worker_rss_mb"], "{:.0f}"))
+    for name, value, op, target, fmt in checks:
+        print(f"| {name} | {fmt.format(value)} | {op} {fmt.format(target)} | {verdict(value, op, target)} |")
+    print(f"\nload average at the end: {load_average()}")
     shutil.rmtree(logdir, ignore_errors=True)
 
 

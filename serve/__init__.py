@@ -41,7 +41,9 @@ def create_app(config=None, backend=None):
 
     security.init_app(app, app_metrics)
     if backend is None:
-        backend = backends.from_config(app.config, on_batch=app_metrics.batch_size.observe)
+        backend = backends.from_config(
+            app.config, on_batch=app_metrics.batch_size.observe, on_load=app_metrics.model_loaded
+        )
     app.extensions["serve.backend"] = backend
 
     for blueprint in (web.bp, api.bp, tfserving_api.bp, v2_api.bp, health.bp):

@@ -73,4 +73,5 @@ def model():
         class_names=meta["class_names"],
         signatures=signatures.summary(meta["signature_defs"]),
         backend=cls.backend().kind,
+        runtime=meta.get("runtime"),
     )

@@ -1,7 +1,8 @@
 """Prediction backends: one small interface, three implementations.
 
-* ``LocalBackend`` - the SavedModel in this process, called through its concrete
-  signatures, with concurrent requests micro-batched.
+* ``LocalBackend`` - the exported model in this process, run by one of :mod:`serve.runtimes`
+  (LiteRT float32 or int8, or the SavedModel in TensorFlow), with concurrent requests
+  micro-batched.
 * ``TFServingRestBackend`` - a TF Serving REST endpoint.
 * ``TFServingGrpcBackend`` - a TF Serving gRPC ``PredictionService``.
 
@@ -13,7 +14,7 @@ Every backend offers:
   (strings as ``object`` arrays of ``bytes``) -> ``{output key: array}``;
 * ``ready()``: raises :class:`BackendError` unless a probe prediction succeeds;
 * ``metadata()``: ``name``, ``version``, ``versions``, ``architecture``, ``class_names``,
-  ``signature_defs`` (TF Serving's JSON form).
+  ``signature_defs`` (TF Serving's JSON form); the local backend adds ``runtime``.
 
 Failures raise :class:`BackendError` with the HTTP status to answer with.
 """
@@ -34,7 +35,7 @@ from contract import (
     OUTPUT_PROBABILITIES,
     SIGNATURE_PIXELS,
 )
-from serve import settings, signatures
+from serve import runtimes, settings, signatures, tensors
 
 RELOAD_INTERVAL_S = 5.0  # how often a backend that failed to load tries again
 RETIRE_AFTER_S = 30.0  # how long a replaced version keeps answering requests already sent to it
@@ -60,13 +61,21 @@ def _model_facts(manifest):
 
 
 class LocalBackend:
-    """The highest version under ``model_dir``, loaded once, batched by a :class:`serve.batcher.Batcher`."""
+    """The highest version under ``model_dir`` in one of :mod:`serve.runtimes`, batched by a :class:`serve.batcher.Batcher`.
+
+    ``on_load(runtime, version)`` is called each time a version starts answering.
+    """
 
     kind = "local"
 
-    def __init__(self, model_dir, name, max_batch=32, batch_wait_ms=2.0, on_batch=None, poll_s=30.0):
+    def __init__(self, model_dir, name, max_batch=32, batch_wait_ms=2.0, on_batch=None, poll_s=30.0,
+                 runtime=runtimes.DEFAULT_RUNTIME, threads=None, on_load=None):
         self.model_dir = str(model_dir)
         self.name = name
+        self.runtime = runtimes.check(runtime)
+        self._threads = threads or None  # None: runtimes.default_threads()
+        self._on_load = on_load
+        self._skipped = set()  # newer versions without this runtime's model, already logged
         # Like TF Serving's file-system poll: a new version N+1/ replaces the served one.
         self._poll_s = float(poll_s)
         self._polled_at = time.monotonic()
@@ -79,7 +88,7 @@ class LocalBackend:
         self._error = None
         self._tried_at = None
         # Load in the background: the worker answers /healthz and /readyz (503) meanwhile
-        # instead of leaving connections hanging while TensorFlow starts.
+        # instead of leaving connections hanging while the model loads.
         self._loader = threading.Thread(target=self._load_quietly, name="model-loader", daemon=True)
         self._loader.start()
 
@@ -109,6 +118,7 @@ class LocalBackend:
             try:
                 self._state = self._load_unlocked()
                 self._error = None
+                self._loaded(self._state)
                 return self._state
             except BackendError as e:
                 self._error = str(e)
@@ -124,7 +134,12 @@ class LocalBackend:
         if self._poll_s <= 0 or now - self._polled_at < self._poll_s:
             return
         self._polled_at = now
-        available = signatures.versions(self.model_dir)
+        available = runtimes.versions(self.model_dir, self.runtime)
+        newest = signatures.versions(self.model_dir)
+        if newest and newest[-1] > self._state["version"] and newest[-1] not in available and newest[-1] not in self._skipped:
+            self._skipped.add(newest[-1])
+            reason = runtimes.missing_reason(os.path.join(self.model_dir, str(newest[-1])), self.runtime)
+            logging.getLogger(__name__).warning("not switching to version %s: %s", newest[-1], reason)
         if available and available[-1] > self._state["version"] and self._swapping.acquire(blocking=False):
             threading.Thread(target=self._swap, args=(available[-1],), name="model-swap", daemon=True).start()
 
@@ -137,6 +152,7 @@ class LocalBackend:
         finally:
             self._swapping.release()
         old_state, self._state = self._state, new_state
+        self._loaded(new_state)
         logging.getLogger(__name__).info("now serving version %s (was %s)", version, old_state["version"])
         # Requests that already hold the old state finish on it; then its batcher thread ends.
         retire = threading.Timer(RETIRE_AFTER_S, old_state["batcher"].close)
@@ -144,35 +160,32 @@ class LocalBackend:
         retire.start()
 
     def _load_unlocked(self, version=None):
-        import tensorflow as tf
-
-        available = signatures.versions(self.model_dir)
+        available = runtimes.versions(self.model_dir, self.runtime)
         if not available:
+            saved = signatures.versions(self.model_dir)
+            if saved:  # versions there are, but none this runtime can serve: say why
+                raise BackendError(runtimes.missing_reason(os.path.join(self.model_dir, str(saved[-1])), self.runtime))
             raise BackendError(f"no model versions (directories N/ with a saved_model.pb) under {self.model_dir}")
         version = version or available[-1]
         path = os.path.join(self.model_dir, str(version))
-        loaded = tf.saved_model.load(path)
-        functions = {name: loaded.signatures[name] for name in loaded.signatures.keys()}
-        if SIGNATURE_PIXELS not in functions:
-            raise BackendError(f"{path} has no {SIGNATURE_PIXELS!r} signature")
-        pixels_fn = functions[SIGNATURE_PIXELS]
-
-        def call_pixels(images):
-            outputs = pixels_fn(**{INPUT_PIXELS: tf.convert_to_tensor(images)})
-            return {key: value.numpy() for key, value in outputs.items()}
-
-        call_pixels(probe_batch())  # fail here, not on the first request
+        model = runtimes.load(self.runtime, path, self._threads)
         architecture, class_names = _model_facts(signatures.read_manifest(path))
-        batcher = _make_batcher(call_pixels, self._max_batch, self._wait_s, self._on_batch)
+        batcher = _make_batcher(model.pixels, self._max_batch, self._wait_s, self._on_batch)
         return {
             "version": version,
-            "loaded": loaded,  # keeps the concrete functions' variables alive
-            "functions": functions,
+            "model": model,
             "batcher": batcher,
-            "signature_defs": signatures.signature_defs_json(os.path.join(path, "saved_model.pb")),
+            "signature_defs": model.signature_defs,
             "architecture": architecture,
             "class_names": class_names,
         }
+
+    def _loaded(self, state):
+        if self._on_load is not None:
+            try:
+                self._on_load(self.runtime, state["version"])
+            except Exception:  # metrics must never stop a model from serving
+                logging.getLogger(__name__).exception("on_load hook failed")
 
     @property
     def batch_sizes(self):
@@ -188,24 +201,18 @@ class LocalBackend:
             raise BackendError(f"prediction failed: {type(e).__name__}: {e}", 500) from e
 
     def run(self, signature_name, inputs, version=None):
-        import tensorflow as tf
-
         state = self._load()
         self._check_version(state, version)
-        if signature_name not in state["functions"]:
-            raise BackendError(f"signature {signature_name!r} not found; this model has {sorted(state['functions'])}", 400)
+        if signature_name not in state["signature_defs"]:
+            raise BackendError(f"signature {signature_name!r} not found; this model has {sorted(state['signature_defs'])}", 400)
         try:
             signatures.check_inputs(signature_name, state["signature_defs"][signature_name], inputs)
         except ValueError as e:
             raise BackendError(str(e), 400) from None
-        if signature_name == SIGNATURE_PIXELS and list(inputs) == [INPUT_PIXELS]:
-            return self.predict(inputs[INPUT_PIXELS])
         try:
-            outputs = state["functions"][signature_name](**{k: tf.convert_to_tensor(v) for k, v in inputs.items()})
-        except (tf.errors.InvalidArgumentError, ValueError, TypeError) as e:
-            message = getattr(e, "message", None) or str(e)
-            raise BackendError(f"the model rejected the input: {message.strip().splitlines()[0]}", 400) from None
-        return {key: value.numpy() for key, value in outputs.items()}
+            return state["model"].call(signature_name, inputs, self.predict)
+        except runtimes.InputError as e:
+            raise BackendError(str(e), 400) from None
 
     def ready(self):
         state = self._load(wait=False)
@@ -223,6 +230,7 @@ class LocalBackend:
             "architecture": state["architecture"],
             "class_names": state["class_names"],
             "signature_defs": state["signature_defs"],
+            "runtime": self.runtime,
         }
 
     def close(self):
@@ -398,7 +406,7 @@ class TFServingGrpcBackend(_RemoteBackend):
 
     def __init__(self, target, name, timeout_s=5.0, model_dir=None, on_batch=None):
         import grpc
-        from tensorflow_serving.apis import prediction_service_pb2_grpc
+        from client.protos.tensorflow_serving.apis import prediction_service_pb2_grpc
 
         super().__init__(name, timeout_s, model_dir, on_batch)
         self.target = target
@@ -433,7 +441,8 @@ class TFServingGrpcBackend(_RemoteBackend):
             raise BackendError(f"TF Serving at {self.target} is unavailable ({name}: {details})") from None
 
     def _fetch_metadata(self):
-        from tensorflow_serving.apis import get_model_metadata_pb2
+        from client.protos.tensorflow.core.protobuf import meta_graph_pb2  # noqa: F401  (SignatureDef, for Unpack)
+        from client.protos.tensorflow_serving.apis import get_model_metadata_pb2
 
         request = get_model_metadata_pb2.GetModelMetadataRequest()
         request.model_spec.name = self.name
@@ -445,8 +454,7 @@ class TFServingGrpcBackend(_RemoteBackend):
         return signatures.signature_def_map_json(defs), ([version] if version else [])
 
     def run(self, signature_name, inputs, version=None):
-        import tensorflow as tf
-        from tensorflow_serving.apis import predict_pb2
+        from client.protos.tensorflow_serving.apis import predict_pb2
 
         request = predict_pb2.PredictRequest()
         request.model_spec.name = self.name
@@ -454,21 +462,24 @@ class TFServingGrpcBackend(_RemoteBackend):
         if version is not None:
             request.model_spec.version.value = int(version)
         for key, value in inputs.items():
-            request.inputs[key].CopyFrom(tf.make_tensor_proto(value))
+            request.inputs[key].CopyFrom(tensors.to_proto(value))
         response = self._call("Predict", request)
-        return {key: tf.make_ndarray(tensor) for key, tensor in response.outputs.items()}
+        return {key: tensors.to_array(tensor) for key, tensor in response.outputs.items()}
 
     def close(self):
         self._channel.close()
 
 
-def from_config(config, on_batch=None):
+def from_config(config, on_batch=None, on_load=None):
     """The backend ``config["BACKEND"]`` names, built from the app's configuration."""
     kind = config["BACKEND"]
     if kind == "local":
         return LocalBackend(
             config["MODEL_DIR"], config["MODEL_NAME"], config["MAX_BATCH"], config["BATCH_WAIT_MS"], on_batch,
             poll_s=config.get("MODEL_POLL_S", settings.DEFAULT_MODEL_POLL_S),
+            runtime=config.get("RUNTIME") or runtimes.DEFAULT_RUNTIME,
+            threads=config.get("RUNTIME_THREADS") or None,
+            on_load=on_load,
         )
     if kind == "tfserving-rest":
         if not config.get("TFSERVING_REST_URL"):

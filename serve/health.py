@@ -21,7 +21,10 @@ def readyz():
         return jsonify(error=str(e), backend=backend.kind), 503
     except Exception as e:  # never let the probe itself break readiness reporting
         return jsonify(error=f"probe failed: {type(e).__name__}: {e}", backend=backend.kind), 503
-    return jsonify(status="ready", model=current_app.config["MODEL_NAME"], version=version, backend=backend.kind)
+    return jsonify(
+        status="ready", model=current_app.config["MODEL_NAME"], version=version, backend=backend.kind,
+        runtime=getattr(backend, "runtime", None),
+    )
 
 
 @bp.get("/metrics")

@@ -3,7 +3,7 @@ mode (``PROMETHEUS_MULTIPROC_DIR``, set by :mod:`serve.gunicorn_conf`) adds up e
 
 import os
 
-from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
 LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
 BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
@@ -28,12 +28,25 @@ class Metrics:
         self.requests = Counter("serve_requests", "Requests answered, by route and status.", ["route", "method", "status"], **kw)
         self.batch_size = Histogram("serve_batch_size", "Images per model call.", buckets=BATCH_BUCKETS, **kw)
         self.images = Counter("serve_images", "Images classified.", **kw)
+        # 1 for the (runtime, version) each live worker serves; "livemax" forgets exited workers.
+        self.model = Gauge(
+            "serve_model", "The model version answering, by runtime (1: serving).", ["runtime", "version"],
+            multiprocess_mode="livemax", **kw,
+        )
+        self._model_labels = None
         self.rejections = Counter(
             "serve_rejections",
             "Requests refused before a view ran (serve.security): missing_key, wrong_key, rate_limited; by area.",
             ["reason", "area"],
             **kw,
         )
+
+    def model_loaded(self, runtime, version):
+        """Record that ``version`` now answers in ``runtime`` (the previous one, if any, goes to 0)."""
+        if self._model_labels is not None:
+            self.model.labels(*self._model_labels).set(0)
+        self._model_labels = (runtime, str(version))
+        self.model.labels(*self._model_labels).set(1)
 
     def exposition(self):
         """``(body, content type)`` for ``GET /metrics``."""

@@ -7,6 +7,10 @@ variable                    default                    meaning
 ``MODEL_BASE_PATH``         ``/models``                the model directory is BASE/NAME/ (holds N/)
 ``MODEL_DIR``               (BASE/NAME)                the model directory in full; overrides both
 ``SERVE_BACKEND``           ``local``                  ``local``, ``tfserving-rest``, ``tfserving-grpc``
+``SERVE_RUNTIME``           ``litert``                 what runs the model in the local backend:
+                                                       ``litert``, ``litert-int8``, ``savedmodel``
+                                                       (serve.runtimes says why litert is the default)
+``SERVE_RUNTIME_THREADS``   (cores / workers)          threads for one LiteRT model call
 ``TFSERVING_REST_URL``      (none)                     e.g. ``http://tfserving:8501``
 ``TFSERVING_GRPC_TARGET``   (none)                     e.g. ``tfserving:8500``
 ``TFSERVING_TIMEOUT_S``     ``5``                      seconds before TF Serving counts as down (503)
@@ -49,6 +53,7 @@ from contract import DEFAULT_MODEL_NAME
 
 DEFAULT_MODEL_BASE_PATH = "/models"
 DEFAULT_BACKEND = "local"
+DEFAULT_RUNTIME = "litert"  # why: serve.runtimes
 DEFAULT_TIMEOUT_S = 5.0
 DEFAULT_MODEL_POLL_S = 30.0
 DEFAULT_MAX_BATCH = 32
@@ -71,6 +76,8 @@ def from_environ(environ=None):
         "MODEL_NAME": name,
         "MODEL_DIR": model_dir,
         "BACKEND": env.get("SERVE_BACKEND") or DEFAULT_BACKEND,
+        "RUNTIME": env.get("SERVE_RUNTIME") or DEFAULT_RUNTIME,
+        "RUNTIME_THREADS": int(env.get("SERVE_RUNTIME_THREADS") or 0),
         "TFSERVING_REST_URL": env.get("TFSERVING_REST_URL"),
         "TFSERVING_GRPC_TARGET": env.get("TFSERVING_GRPC_TARGET"),
         "TFSERVING_TIMEOUT_S": float(env.get("TFSERVING_TIMEOUT_S") or DEFAULT_TIMEOUT_S),

@@ -1,5 +1,6 @@
 """Signature definitions as TF Serving writes them in JSON, and the small summary /api/v1/model shows."""
 
+import functools
 import json
 import os
 
@@ -8,6 +9,7 @@ import numpy as np
 from contract import ASSETS_EXTRA, MANIFEST_FILE
 
 INIT_OP = "__saved_model_init_op"
+SAVED_MODEL_FILE = "saved_model.pb"
 
 #: TF Serving's DT_* names for the dtypes this server converts.
 NUMPY_DTYPES = {
@@ -27,13 +29,19 @@ NUMPY_DTYPES = {
 }
 
 
-def versions(model_dir):
-    """Version numbers under ``model_dir`` that hold a SavedModel, ascending."""
+def versions(model_dir, model_file=SAVED_MODEL_FILE):
+    """Version numbers under ``model_dir`` that hold a SavedModel (and ``model_file``), ascending."""
     try:
         names = os.listdir(model_dir)
     except OSError:
         return []
-    return sorted(int(n) for n in names if n.isdigit() and os.path.isfile(os.path.join(model_dir, n, "saved_model.pb")))
+    return sorted(
+        int(n)
+        for n in names
+        if n.isdigit()
+        and os.path.isfile(os.path.join(model_dir, n, SAVED_MODEL_FILE))
+        and os.path.isfile(os.path.join(model_dir, n, model_file))
+    )
 
 
 def read_manifest(version_dir):
@@ -47,16 +55,46 @@ def read_manifest(version_dir):
 
 def signature_defs_json(saved_model_pb):
     """``{name: signature_def}`` of a ``saved_model.pb`` in TF Serving's metadata JSON form."""
-    from tensorflow.core.protobuf import saved_model_pb2
-    from tensorflow_serving.apis import get_model_metadata_pb2
+    from client.protos.tensorflow_serving.apis import get_model_metadata_pb2
 
     with open(saved_model_pb, "rb") as f:
-        saved = saved_model_pb2.SavedModel.FromString(f.read())
+        saved = _saved_model_message().FromString(f.read())
     defs = get_model_metadata_pb2.SignatureDefMap()
     for name, sig in saved.meta_graphs[0].signature_def.items():
         if name != INIT_OP:
             defs.signature_def[name].CopyFrom(sig)
     return signature_def_map_json(defs)
+
+
+@functools.cache
+def _saved_model_message():
+    """The ``tensorflow.SavedModel`` message class, without TensorFlow.
+
+    The vendored protos (``client.protos``) hold ``MetaGraphDef`` but not the two-field
+    ``SavedModel`` around it (tensorflow/core/protobuf/saved_model.proto); it is declared here
+    in the same descriptor pool, field for field.
+    """
+    from google.protobuf import descriptor_pb2, message_factory
+
+    from client import protos
+    from client.protos.tensorflow.core.protobuf import meta_graph_pb2
+
+    name = "tensorflow/core/protobuf/saved_model.proto"
+    try:
+        protos.POOL.FindFileByName(name)
+    except KeyError:
+        field = descriptor_pb2.FieldDescriptorProto
+        file = descriptor_pb2.FileDescriptorProto(
+            name=name, package="tensorflow", syntax="proto3", dependency=[meta_graph_pb2.DESCRIPTOR.name]
+        )
+        message = file.message_type.add(name="SavedModel")
+        message.field.add(name="saved_model_schema_version", number=1, type=field.TYPE_INT64, label=field.LABEL_OPTIONAL)
+        message.field.add(
+            name="meta_graphs", number=2, type=field.TYPE_MESSAGE, label=field.LABEL_REPEATED,
+            type_name=".tensorflow.MetaGraphDef",
+        )
+        protos.POOL.Add(file)
+    return message_factory.GetMessageClass(protos.POOL.FindMessageTypeByName("tensorflow.SavedModel"))
 
 
 def signature_def_map_json(defs):

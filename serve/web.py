@@ -39,7 +39,9 @@ def upload():
         if "data" in slot:
             slot["data_url"] = imaging.data_url(slot.pop("data"), slot["format"])
     status = 200 if any("error" not in s for s in slots) else slots[0]["status"]
-    return render_template("index.html", top_k=top_k, results=slots, model=cls.model_info(meta)), status
+    return render_template(
+        "index.html", top_k=top_k, results=slots, model=cls.model_info(meta), runtime=meta.get("runtime")
+    ), status
 
 
 def render_error(message, status):

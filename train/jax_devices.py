@@ -46,7 +46,6 @@ def placement(tpu="auto"):
         chief=process == 0,
         worker="chief" if process == 0 else f"process-{process}",
         scope=scope,
-        note=note,
     )
 
 

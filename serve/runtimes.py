@@ -1,0 +1,184 @@
+"""Model runtimes: what runs one published version ``models/NAME/N/`` inside this process.
+
+======================  ============================  =============================================
+``SERVE_RUNTIME``       runs                          needs
+======================  ============================  =============================================
+``litert`` (default)    ``N/model.tflite``, float32   ``ai-edge-litert`` (the ``serve`` extra)
+``litert-int8``         ``N/model.int8.tflite``       the same
+``savedmodel``          ``N/saved_model.pb``          TensorFlow (the ``savedmodel`` extra)
+======================  ============================  =============================================
+
+``litert`` is the default: export publishes it only after it gave the SavedModel's labels on
+every image of the run's test sample (``export/litert.py``), it runs the model several times
+faster than TensorFlow on a small CPU (``docs/benchmarks.md``), and a worker that never imports
+TensorFlow holds a fraction of the memory. ``litert-int8`` is faster still, but changes about one
+label in a hundred, so it is a choice to make, not a default. ``savedmodel`` runs the exported
+graph itself.
+
+Every runtime gives the same two things to :class:`serve.backends.LocalBackend`:
+``pixels(images)`` (the ``serving_default`` signature, uint8 ``[N, 32, 32, 3]``; one call at a
+time: the backend's batcher serialises them) and ``call(signature_name, inputs, pixels)`` for
+every signature the SavedModel declares (``predict_images`` included), where ``pixels`` is the
+batched way back to the model. Signature definitions always come from ``N/saved_model.pb``,
+read through the vendored protos, so the metadata routes say the same on every runtime.
+"""
+
+import os
+
+import numpy as np
+
+from contract import (
+    CHANNELS,
+    IMAGE_SIZE,
+    INPUT_BYTES,
+    INPUT_PIXELS,
+    LITERT_FILE,
+    LITERT_INT8_FILE,
+    OUTPUT_PROBABILITIES,
+    SIGNATURE_BYTES,
+    SIGNATURE_PIXELS,
+)
+from serve import settings, signatures
+
+LITERT, LITERT_INT8, SAVEDMODEL = "litert", "litert-int8", "savedmodel"
+RUNTIMES = (LITERT, LITERT_INT8, SAVEDMODEL)
+DEFAULT_RUNTIME = settings.DEFAULT_RUNTIME  # LITERT, for the reasons above
+
+#: The file in a version directory that each runtime loads.
+MODEL_FILES = {LITERT: LITERT_FILE, LITERT_INT8: LITERT_INT8_FILE, SAVEDMODEL: signatures.SAVED_MODEL_FILE}
+
+
+class InputError(ValueError):
+    """Inputs the model cannot take (an HTTP 400)."""
+
+
+def check(runtime):
+    """``runtime`` if it is one of :data:`RUNTIMES`; ``ValueError`` naming them otherwise."""
+    if runtime not in RUNTIMES:
+        raise ValueError(f"unknown runtime {runtime!r}; choose {', '.join(RUNTIMES)}")
+    return runtime
+
+
+def default_threads(environ=None):
+    """Threads for one model call: this process's share of the cores among gunicorn's workers."""
+    env = os.environ if environ is None else environ
+    cores = len(os.sched_getaffinity(0))
+    workers = int(env.get("WEB_CONCURRENCY") or min(2, cores))
+    return max(1, cores // max(1, workers))
+
+
+def versions(model_dir, runtime):
+    """Versions under ``model_dir`` that ``runtime`` can serve, ascending."""
+    return signatures.versions(model_dir, MODEL_FILES[check(runtime)])
+
+
+def missing_reason(version_dir, runtime):
+    """Why ``version_dir`` has no model for ``runtime``, from its published manifest, or a generic line."""
+    file = MODEL_FILES[runtime]
+    report = ((signatures.read_manifest(version_dir).get("export") or {}).get("litert") or {}).get(runtime) or {}
+    why = report.get("reason")
+    if why:
+        return f"{version_dir} has no {file}: export did not publish it ({why})"
+    return f"{version_dir} has no {file} (exported before export wrote LiteRT models?); re-export it, or set SERVE_RUNTIME=savedmodel"
+
+
+def load(runtime, version_dir, threads=None):
+    """The model in ``version_dir``, loaded by ``runtime`` and checked on one probe image."""
+    check(runtime)
+    path = os.path.join(version_dir, MODEL_FILES[runtime])
+    if not os.path.isfile(path):
+        raise FileNotFoundError(missing_reason(version_dir, runtime))
+    signature_defs = signatures.signature_defs_json(os.path.join(version_dir, signatures.SAVED_MODEL_FILE))
+    if runtime == SAVEDMODEL:
+        model = SavedModel(version_dir, signature_defs)
+    else:
+        model = LiteRT(runtime, path, signature_defs, threads or default_threads())
+    outputs = model.pixels(np.zeros((1, IMAGE_SIZE, IMAGE_SIZE, CHANNELS), np.uint8))  # fail here, not on a request
+    if np.asarray(outputs[OUTPUT_PROBABILITIES]).shape[0] != 1:
+        raise ValueError(f"{path} returned the wrong batch size on a probe image")
+    return model
+
+
+class LiteRT:
+    """A ``.tflite`` model in LiteRT's interpreter (XNNPACK), with ``predict_images`` decoded by Pillow."""
+
+    def __init__(self, runtime, path, signature_defs, threads):
+        from ai_edge_litert.interpreter import Interpreter
+
+        self.runtime = runtime
+        self.threads = threads
+        self.signature_defs = signature_defs
+        # model_path, not model_content: the file is memory-mapped, so workers share its pages.
+        self._interpreter = Interpreter(model_path=path, num_threads=threads)
+        available = self._interpreter.get_signature_list()
+        if SIGNATURE_PIXELS not in available:
+            raise ValueError(f"{path} has no {SIGNATURE_PIXELS!r} signature (it has {sorted(available)})")
+        self._runner = self._interpreter.get_signature_runner(SIGNATURE_PIXELS)
+
+    def pixels(self, images):
+        # The runner resizes the input only when the batch size changed (about 10 us when it did).
+        return self._runner(**{INPUT_PIXELS: np.ascontiguousarray(images, dtype=np.uint8)})
+
+    def call(self, signature_name, inputs, pixels):
+        if signature_name == SIGNATURE_PIXELS:
+            return pixels(inputs[INPUT_PIXELS])
+        if signature_name == SIGNATURE_BYTES:
+            return pixels(_decode_all(inputs[INPUT_BYTES]))
+        raise InputError(f"the {self.runtime} runtime does not run signature {signature_name!r}")
+
+    def close(self):
+        self._runner = self._interpreter = None
+
+
+def _decode_all(datas):
+    """``predict_images``' decoding for the LiteRT runtimes: every image, or a 400 naming the first bad one."""
+    from serve import images as imaging
+
+    datas = np.asarray(datas, dtype=object).reshape(-1)
+    pixels = []
+    for index, data in enumerate(datas.tolist()):
+        try:
+            pixels.append(imaging.decode(data)[0])
+        except imaging.ImageError as e:
+            raise InputError(f"{INPUT_BYTES}[{index}] {e}") from None
+    if not pixels:
+        return np.zeros((0, IMAGE_SIZE, IMAGE_SIZE, CHANNELS), np.uint8)
+    return np.stack(pixels)
+
+
+class SavedModel:
+    """The SavedModel's own concrete signatures, in TensorFlow."""
+
+    runtime = SAVEDMODEL
+    threads = None  # TensorFlow's own thread pools
+
+    def __init__(self, version_dir, signature_defs):
+        import tensorflow as tf
+
+        self._tf = tf
+        self.signature_defs = signature_defs
+        self._loaded = tf.saved_model.load(version_dir)  # keeps the functions' variables alive
+        self._functions = {name: self._loaded.signatures[name] for name in self._loaded.signatures.keys()}
+        if SIGNATURE_PIXELS not in self._functions:
+            raise ValueError(f"{version_dir} has no {SIGNATURE_PIXELS!r} signature")
+        self._pixels = self._functions[SIGNATURE_PIXELS]
+
+    def pixels(self, images):
+        outputs = self._pixels(**{INPUT_PIXELS: self._tf.convert_to_tensor(images)})
+        return {key: value.numpy() for key, value in outputs.items()}
+
+    def call(self, signature_name, inputs, pixels):
+        tf = self._tf
+        if signature_name == SIGNATURE_PIXELS and list(inputs) == [INPUT_PIXELS]:
+            return pixels(inputs[INPUT_PIXELS])
+        if signature_name not in self._functions:
+            raise InputError(f"signature {signature_name!r} not found; this model has {sorted(self._functions)}")
+        try:
+            outputs = self._functions[signature_name](**{k: tf.convert_to_tensor(v) for k, v in inputs.items()})
+        except (tf.errors.InvalidArgumentError, ValueError, TypeError) as e:
+            message = getattr(e, "message", None) or str(e)
+            raise InputError(f"the model rejected the input: {message.strip().splitlines()[0]}") from None
+        return {key: value.numpy() for key, value in outputs.items()}
+
+    def close(self):
+        pass
