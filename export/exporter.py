@@ -452,13 +452,36 @@ def build_parser():
                    help="model name, TF Serving's MODEL_NAME (default: %(default)s)")
     p.add_argument("--version", type=_positive_int,
                    help="version number to write; never overwrites one (default: the next free number)")
+    p.add_argument("--skip-if-exported", action="store_true",
+                   help="do nothing when a version under MODEL_DIR/NAME already holds these weights")
     p.add_argument("--quiet", action="store_true", help="print nothing on success")
     return p
+
+
+def exported_version(run_dir, model_dir, name):
+    """The version directory under ``model_dir/name`` already published from the run's weights, or None."""
+    import glob
+
+    from contract import manifest as manifests
+
+    weights = _read_manifest(run_dir)["weights"]["sha256"]
+    for path in sorted(glob.glob(os.path.join(model_dir, name, "*", ASSETS_EXTRA, MANIFEST_FILE))):
+        try:
+            if manifests.read(path).weights.sha256 == weights:
+                return os.path.dirname(os.path.dirname(path))
+        except manifests.ManifestError:
+            continue  # a version this code cannot read was not made from this run
+    return None
 
 
 def main(argv=None):
     args = build_parser().parse_args(argv)
     try:
+        existing = exported_version(args.run, args.model_dir, args.name) if args.skip_if_exported else None
+        if existing:
+            if not args.quiet:
+                print(f"already exported as {existing}")
+            return 0
         run(run_dir=args.run, model_dir=args.model_dir, name=args.name, version=args.version,
             verbose=0 if args.quiet else 1)
     except ExportError as exc:

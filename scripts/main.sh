@@ -30,25 +30,21 @@ python3 -m venv .venv
 .venv/bin/python -m pip install -q --upgrade pip
 .venv/bin/python -m pip install -q -e ".[all]"
 
+CIFAR_DATA=${CIFAR_DATA:-cifar10}
+if [ "$CIFAR_DATA" = cifar10 ]; then
+    echo "== data: CIFAR-10 through Keras's downloader, https://www.cs.toronto.edu/~kriz/cifar-10-python.tar.gz"
+    echo "   (163 MB, cached in ~/.keras/datasets; offline, set CIFAR_DATA to a folder, .zip or cifar-10-binary.tar.gz)"
+else
+    echo "== data: $CIFAR_DATA"
+fi
+
 echo "== train: $MODEL -> $RUN_DIR"
 # shellcheck disable=SC2086  # TRAIN_ARGS is a list of flags
-.venv/bin/python -m train --model "$MODEL" --data "${CIFAR_DATA:-cifar10}" --output "$RUN_DIR" \
+.venv/bin/python -m train --model "$MODEL" --data "$CIFAR_DATA" --output "$RUN_DIR" \
     ${EPOCHS:+--epochs "$EPOCHS"} ${TRAIN_ARGS:-}
 
 echo "== export: $RUN_DIR -> $MODELS_DIR/$MODEL_NAME/N"
-if .venv/bin/python - "$RUN_DIR" "$MODELS_DIR/$MODEL_NAME" <<'PY'
-import glob, json, os, sys
-run, base = sys.argv[1:]
-weights = json.load(open(os.path.join(run, "manifest.json")))["weights"]["sha256"]
-for path in glob.glob(os.path.join(base, "*", "assets.extra", "manifest.json")):
-    if json.load(open(path))["weights"]["sha256"] == weights:
-        print(f"already exported as {os.path.dirname(os.path.dirname(path))}")
-        sys.exit(0)
-sys.exit(1)
-PY
-then :; else
-    .venv/bin/python -m export --run "$RUN_DIR" --model-dir "$MODELS_DIR" --name "$MODEL_NAME"
-fi
+.venv/bin/python -m export --run "$RUN_DIR" --model-dir "$MODELS_DIR" --name "$MODEL_NAME" --skip-if-exported
 
 echo "== serve: http://localhost:$PORT/ (Ctrl-C to stop)"
 exec .venv/bin/python -m serve --model-dir "$MODELS_DIR/$MODEL_NAME" --model-name "$MODEL_NAME" --port "$PORT"

@@ -410,3 +410,12 @@ def test_missing_run_directory_is_one_line(tmp_path, capsys):
     err = capsys.readouterr().err
     assert err.startswith("error: ") and "does not exist" in err and err.count("\n") == 1
     assert not (tmp_path / "models").exists()
+
+
+def test_skip_if_exported_names_the_version_holding_these_weights(trained_run, model_base, capsys):
+    before = sorted(os.listdir(model_base))
+    code = exporter.main(["--run", str(trained_run), "--model-dir", str(model_base.parent), "--name", model_base.name,
+                          "--skip-if-exported"])
+    assert code == 0
+    assert capsys.readouterr().out.strip() == f"already exported as {model_base / '1'}"
+    assert sorted(os.listdir(model_base)) == before, "nothing new was written"

@@ -397,3 +397,42 @@ def test_tf_config_that_is_not_json_is_a_clear_error(tmp_path, capsys, monkeypat
     code = trainer.main(["--data", str(tmp_path / "data"), "--output", str(tmp_path / "out"), "--quiet"])
     assert code == 2
     assert capsys.readouterr().err.strip() == "error: TF_CONFIG is set but is not valid JSON"
+
+
+# --- the default source, offline ------------------------------------------------------------
+
+
+@pytest.fixture()
+def offline_keras_cache(tmp_path, monkeypatch):
+    """Keras's dataset cache in tmp_path, and a network that fails as it does on a machine without DNS."""
+    import socket
+    import urllib.error
+
+    from keras.src.backend import config
+    from keras.src.utils import file_utils
+
+    def unreachable(url, target, progress=None):
+        with open(target, "wb") as f:
+            f.write(b"\x1f\x8b partial")  # a connection that drops mid-download leaves bytes behind
+        raise urllib.error.URLError(socket.gaierror(-2, "Name or service not known"))
+
+    monkeypatch.setattr(config, "_KERAS_DIR", str(tmp_path / "keras"))
+    monkeypatch.setattr(file_utils, "urlretrieve", unreachable)
+    return tmp_path / "keras" / "datasets"
+
+
+@pytest.mark.parametrize("cached", ["nothing", "truncated archive"])
+def test_offline_download_is_one_line_exit_2_and_leaves_no_poisoned_cache(tmp_path, capsys, offline_keras_cache, cached):
+    if cached == "truncated archive":
+        offline_keras_cache.mkdir(parents=True)
+        (offline_keras_cache / "cifar-10-batches-py-target_archive").write_bytes(b"\x1f\x8b\x08 truncated")
+    output = tmp_path / "out"
+    output.mkdir()
+    (output / "precious.txt").write_text("keep me")
+    code = trainer.main(["--data", "cifar10", "--output", str(output), "--quiet"])
+    err = capsys.readouterr().err.strip()
+    assert code == 2 and "\n" not in err and "Traceback" not in err
+    assert err.startswith(f"error: cannot download CIFAR-10 from {data.CIFAR10_URL} (")
+    assert "Name or service not known" in err and "--data" in err and "CIFAR_DATA" in err
+    assert sorted(os.listdir(output)) == ["precious.txt"]
+    assert not list(offline_keras_cache.glob("*_archive")), "no partial archive is left to poison the next run"

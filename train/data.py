@@ -25,6 +25,7 @@ from contract import CHANNELS, CIFAR10_CLASSES, IMAGE_SIZE
 
 IMAGE_EXTENSIONS = (".png", ".jpg", ".jpeg", ".bmp", ".gif", ".webp", ".ppm", ".tif", ".tiff")
 SPLITS = ("train", "test")
+CIFAR10_URL = "https://www.cs.toronto.edu/~kriz/cifar-10-python.tar.gz"  # what Keras's loader fetches
 _RECORD_BYTES = 1 + IMAGE_SIZE * IMAGE_SIZE * CHANNELS  # CIFAR-10 binary: label byte + CHW pixels
 
 
@@ -74,7 +75,16 @@ def to_rgb32(image):
 def _load_keras_cifar10():
     import keras
 
-    (x_train, y_train), (x_test, y_test) = keras.datasets.cifar10.load_data()
+    try:
+        (x_train, y_train), (x_test, y_test) = keras.datasets.cifar10.load_data()
+    except Exception as exc:  # Keras raises a bare Exception when the fetch fails, ValueError on a bad hash
+        # Keras deletes a failed or corrupt download itself, so the next run starts clean.
+        reason = " ".join(str(exc).split()).rsplit(" -- ", 1)[-1] or type(exc).__name__
+        raise DataError(
+            f"cannot download CIFAR-10 from {CIFAR10_URL} ({reason}); without internet, pass --data a folder "
+            "or .zip of train/<class>/ and test/<class>/ images, or cifar-10-binary.tar.gz "
+            "(CIFAR_DATA=... for scripts/main.sh)"
+        ) from None
     return Splits(
         x_train, y_train.reshape(-1).astype(np.int64), x_test, y_test.reshape(-1).astype(np.int64),
         list(CIFAR10_CLASSES), "cifar10",

@@ -46,6 +46,7 @@ def placement(tpu="auto"):
         chief=process == 0,
         worker="chief" if process == 0 else f"process-{process}",
         scope=scope,
+        note=note,
     )
 
 
