@@ -249,11 +249,18 @@ def _make_batcher(fn, max_batch, wait_s, on_batch):
 
 
 class _RemoteBackend:
-    """What the two TF Serving backends share: cached metadata, the manifest, the probe."""
+    """What the two TF Serving backends share: cached metadata, the manifest, the probe, and
+    requests split into batches of at most ``max_batch`` rows (0: never split).
 
-    def __init__(self, name, timeout_s, model_dir=None, on_batch=None):
+    TF Serving with ``--enable_batching`` refuses a request larger than its ``max_batch_size``
+    (``deploy/batching.config``: 128) with INVALID_ARGUMENT, so a bigger request is sent as
+    several, one after the other, and the answers are put back together in order.
+    """
+
+    def __init__(self, name, timeout_s, model_dir=None, on_batch=None, max_batch=settings.DEFAULT_TFSERVING_MAX_BATCH):
         self.name = name
         self.timeout_s = float(timeout_s)
+        self.max_batch = int(max_batch or 0)
         self._on_batch = on_batch
         self._meta = None
         self._meta_at = 0.0
@@ -286,7 +293,23 @@ class _RemoteBackend:
     def predict(self, images):
         outputs = self.run(SIGNATURE_PIXELS, {INPUT_PIXELS: images})
         if self._on_batch is not None:
-            self._on_batch(len(images))
+            step = self.max_batch or len(images) or 1
+            for start in range(0, len(images), step):
+                self._on_batch(min(step, len(images) - start))
+        return outputs
+
+    def run(self, signature_name, inputs, version=None):
+        """One TF Serving call per ``max_batch`` rows; the outputs concatenated in order."""
+        chunks = _split(inputs, self.max_batch)
+        if len(chunks) == 1:
+            return self._run_once(signature_name, chunks[0], version)
+        parts = [self._run_once(signature_name, chunk, version) for chunk in chunks]
+        outputs = {}
+        for key in parts[0]:
+            arrays = [np.asarray(part[key]) for part in parts]
+            if any(a.ndim == 0 for a in arrays):
+                raise BackendError(f"output {key!r} has no batch dimension; send at most {self.max_batch} rows", 400)
+            outputs[key] = np.concatenate(arrays)
         return outputs
 
     def ready(self):
@@ -316,10 +339,10 @@ class TFServingRestBackend(_RemoteBackend):
 
     kind = "tfserving-rest"
 
-    def __init__(self, url, name, timeout_s=5.0, model_dir=None, on_batch=None):
+    def __init__(self, url, name, timeout_s=5.0, model_dir=None, on_batch=None, max_batch=settings.DEFAULT_TFSERVING_MAX_BATCH):
         import requests
 
-        super().__init__(name, timeout_s, model_dir, on_batch)
+        super().__init__(name, timeout_s, model_dir, on_batch, max_batch)
         self.url = url.rstrip("/")
         self._session = requests.Session()
 
@@ -355,7 +378,7 @@ class TFServingRestBackend(_RemoteBackend):
         defs = meta.get("metadata", {}).get("signature_def", {}).get("signature_def", {})
         return {k: v for k, v in defs.items() if k != signatures.INIT_OP}, versions
 
-    def run(self, signature_name, inputs, version=None):
+    def _run_once(self, signature_name, inputs, version=None):
         body = {"signature_name": signature_name, "inputs": {k: _to_json(v) for k, v in inputs.items()}}
         path = f"/versions/{int(version)}:predict" if version is not None else ":predict"
         payload = self._request("POST", path, body)
@@ -365,6 +388,19 @@ class TFServingRestBackend(_RemoteBackend):
             (only,) = dtypes or (OUTPUT_PROBABILITIES,)
             outputs = {only: outputs}
         return {key: _from_json(value, dtypes.get(key)) for key, value in outputs.items()}
+
+
+def _split(inputs, max_batch):
+    """``inputs`` as a list of dicts of at most ``max_batch`` rows each (one dict when it fits).
+
+    Only inputs that all share their first dimension are split: anything else goes as it came,
+    and TF Serving says what is wrong with it.
+    """
+    sizes = {np.shape(value)[0] if np.ndim(value) else None for value in inputs.values()}
+    if not max_batch or len(sizes) != 1 or None in sizes or next(iter(sizes)) <= max_batch:
+        return [inputs]
+    (rows,) = sizes
+    return [{key: value[start : start + max_batch] for key, value in inputs.items()} for start in range(0, rows, max_batch)]
 
 
 def _to_json(array):
@@ -404,11 +440,11 @@ class TFServingGrpcBackend(_RemoteBackend):
 
     kind = "tfserving-grpc"
 
-    def __init__(self, target, name, timeout_s=5.0, model_dir=None, on_batch=None):
+    def __init__(self, target, name, timeout_s=5.0, model_dir=None, on_batch=None, max_batch=settings.DEFAULT_TFSERVING_MAX_BATCH):
         import grpc
         from client.protos.tensorflow_serving.apis import prediction_service_pb2_grpc
 
-        super().__init__(name, timeout_s, model_dir, on_batch)
+        super().__init__(name, timeout_s, model_dir, on_batch, max_batch)
         self.target = target
         # Short reconnect back-off, so the server notices a restarted TF Serving quickly.
         self._channel = grpc.insecure_channel(
@@ -453,7 +489,7 @@ class TFServingGrpcBackend(_RemoteBackend):
         version = response.model_spec.version.value
         return signatures.signature_def_map_json(defs), ([version] if version else [])
 
-    def run(self, signature_name, inputs, version=None):
+    def _run_once(self, signature_name, inputs, version=None):
         from client.protos.tensorflow_serving.apis import predict_pb2
 
         request = predict_pb2.PredictRequest()
@@ -485,12 +521,14 @@ def from_config(config, on_batch=None, on_load=None):
         if not config.get("TFSERVING_REST_URL"):
             raise ValueError("SERVE_BACKEND=tfserving-rest needs TFSERVING_REST_URL")
         return TFServingRestBackend(
-            config["TFSERVING_REST_URL"], config["MODEL_NAME"], config["TFSERVING_TIMEOUT_S"], config["MODEL_DIR"], on_batch
+            config["TFSERVING_REST_URL"], config["MODEL_NAME"], config["TFSERVING_TIMEOUT_S"], config["MODEL_DIR"], on_batch,
+            max_batch=config.get("TFSERVING_MAX_BATCH", settings.DEFAULT_TFSERVING_MAX_BATCH),
         )
     if kind == "tfserving-grpc":
         if not config.get("TFSERVING_GRPC_TARGET"):
             raise ValueError("SERVE_BACKEND=tfserving-grpc needs TFSERVING_GRPC_TARGET")
         return TFServingGrpcBackend(
-            config["TFSERVING_GRPC_TARGET"], config["MODEL_NAME"], config["TFSERVING_TIMEOUT_S"], config["MODEL_DIR"], on_batch
+            config["TFSERVING_GRPC_TARGET"], config["MODEL_NAME"], config["TFSERVING_TIMEOUT_S"], config["MODEL_DIR"], on_batch,
+            max_batch=config.get("TFSERVING_MAX_BATCH", settings.DEFAULT_TFSERVING_MAX_BATCH),
         )
     raise ValueError(f"unknown backend {kind!r}; choose local, tfserving-rest or tfserving-grpc")

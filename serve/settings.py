@@ -14,6 +14,9 @@ variable                    default                    meaning
 ``TFSERVING_REST_URL``      (none)                     e.g. ``http://tfserving:8501``
 ``TFSERVING_GRPC_TARGET``   (none)                     e.g. ``tfserving:8500``
 ``TFSERVING_TIMEOUT_S``     ``5``                      seconds before TF Serving counts as down (503)
+``TFSERVING_MAX_BATCH``     ``128``                    most rows in one call to TF Serving; larger
+                                                       requests go as several (its max_batch_size;
+                                                       0: never split)
 ``MODEL_POLL_S``            ``30``                     how often the local backend looks for a new
                                                        version N+1/ and switches to it (0: never)
 ``SERVE_MAX_BATCH``         ``32``                     most images in one model call (local backend)
@@ -55,6 +58,7 @@ DEFAULT_MODEL_BASE_PATH = "/models"
 DEFAULT_BACKEND = "local"
 DEFAULT_RUNTIME = "litert"  # why: serve.runtimes
 DEFAULT_TIMEOUT_S = 5.0
+DEFAULT_TFSERVING_MAX_BATCH = 128  # deploy/batching.config's max_batch_size
 DEFAULT_MODEL_POLL_S = 30.0
 DEFAULT_MAX_BATCH = 32
 DEFAULT_BATCH_WAIT_MS = 2.0
@@ -81,6 +85,7 @@ def from_environ(environ=None):
         "TFSERVING_REST_URL": env.get("TFSERVING_REST_URL"),
         "TFSERVING_GRPC_TARGET": env.get("TFSERVING_GRPC_TARGET"),
         "TFSERVING_TIMEOUT_S": float(env.get("TFSERVING_TIMEOUT_S") or DEFAULT_TIMEOUT_S),
+        "TFSERVING_MAX_BATCH": int(env.get("TFSERVING_MAX_BATCH") or DEFAULT_TFSERVING_MAX_BATCH),
         "MODEL_POLL_S": float(env.get("MODEL_POLL_S") or DEFAULT_MODEL_POLL_S),
         "MAX_BATCH": int(env.get("SERVE_MAX_BATCH") or DEFAULT_MAX_BATCH),
         "BATCH_WAIT_MS": float(env.get("SERVE_BATCH_WAIT_MS") or DEFAULT_BATCH_WAIT_MS),

@@ -30,7 +30,6 @@ import re
 import socket
 import sys
 import threading
-import time
 from concurrent import futures
 
 import grpc
@@ -304,9 +303,13 @@ class StandIn:
         rest_url: ``http://127.0.0.1:PORT``, fixed after the first ``start()``.
         grpc_target: ``127.0.0.1:PORT``, fixed after the first ``start()``.
         delay_s: seconds every Predict sleeps before answering (0 by default), so tests can
-            make a backend or client time out.
+            make a backend or client time out; ``wake()`` ends the sleeps under way.
+        max_batch_size: None (the default), or the most rows one Predict may carry: a bigger
+            one is refused with INVALID_ARGUMENT, as TF Serving's batching refuses a task over
+            its ``max_batch_size`` (``deploy/batching.config``).
         predict_calls: how many Predict calls (REST and gRPC) reached the model, so tests can
             tell a request that was forwarded from one answered elsewhere.
+        batch_sizes: the rows of each Predict call that reached the model, in order.
     """
 
     def __init__(self, model_base_path, model_name=contract.DEFAULT_MODEL_NAME):
@@ -318,7 +321,10 @@ class StandIn:
         if not self.versions:
             raise FileNotFoundError(f"no numeric version directories under {self.base_path}")
         self.delay_s = 0.0
+        self.max_batch_size = None
         self.predict_calls = 0
+        self.batch_sizes = []
+        self._wake = threading.Event()
         self._lock = threading.Lock()
         self._rest_port = None
         self._grpc_port = None
@@ -363,11 +369,21 @@ class StandIn:
     def predict(self, version, signature_name, inputs, output_filter=()):
         """Run one Predict; return (resolved signature name, outputs by alias)."""
         signature_name, function = version.signature(signature_name)
+        rows = max((int(np.shape(array)[0]) for array in inputs.values() if np.ndim(array)), default=1)
+        if self.max_batch_size is not None and rows > self.max_batch_size:
+            # TF Serving's batch scheduler, in these words, before the model sees anything.
+            raise _invalid(f"Task size {rows} is larger than maximum input batch size {self.max_batch_size}")
         with self._lock:
             self.predict_calls += 1
+            self.batch_sizes.append(rows)
         if self.delay_s > 0:
-            time.sleep(self.delay_s)
+            self._wake.wait(self.delay_s)
         return signature_name, _run(function, inputs, output_filter)
+
+    def wake(self):
+        """End every ``delay_s`` sleep under way (later calls sleep again while ``delay_s`` is set)."""
+        wake, self._wake = self._wake, threading.Event()
+        wake.set()
 
     # -- lifecycle -------------------------------------------------------------------
 
