@@ -66,3 +66,13 @@ def test_the_cli_parses_flags_without_loading_a_framework():
     result = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip() == "[]"
+
+
+def test_a_cli_start_shows_no_framework_noise(tmp_path):
+    """TensorFlow's and XLA's pre-logging lines (cuInit failures and the like) never reach the user."""
+    env = {k: v for k, v in os.environ.items() if k not in ("CIFAR_VERBOSE", "KERAS_BACKEND")}
+    missing = tmp_path / "no-such-data"
+    result = subprocess.run([sys.executable, "-m", "train", "--data", str(missing), "--output", str(tmp_path / "out")],
+                            cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 2
+    assert result.stderr.splitlines() == [f"error: data path {str(missing)!r} does not exist"]

@@ -107,14 +107,24 @@ def run(config, strategy=None, splits=None):
 
     # Everything that can fail on bad input happens before anything is written.
     backend = _choose_backend(config, strategy)
-    from train import data, models
+    from train import data, quiet
 
+    with quiet.native_startup():
+        import tensorflow as tf  # tf.data feeds every backend: load it while its start-up noise is filtered
+
+        from train import models
+
+        if backend != "tensorflow":
+            # tf.data only feeds the host; keep TensorFlow off the accelerators JAX is using.
+            tf.config.set_visible_devices([], "GPU")
+        try:
+            recipe = models.recipe(config.model)
+            placement = _place(backend, config.tpu, strategy)
+        except ValueError as exc:
+            raise UsageError(str(exc)) from None
+        except hardware.AcceleratorError as exc:
+            raise UsageError(str(exc)) from None
     try:
-        recipe = models.recipe(config.model)
-    except ValueError as exc:
-        raise UsageError(str(exc)) from None
-    try:
-        placement = _place(backend, config.tpu, strategy)
         if splits is None:
             splits = data.load(config.data)
         plan = _plan(config, recipe, placement, len(splits.x_train))
@@ -217,9 +227,6 @@ def _fit(config, recipe, plan, placement, splits, workdir):
 
     from train import data, models
 
-    if placement.backend != "tensorflow":
-        # tf.data only feeds the host; keep TensorFlow off the accelerators JAX is using.
-        tf.config.set_visible_devices([], "GPU")
     keras.utils.set_random_seed(config.seed)
     one_hot = plan.label_smoothing > 0
     num_classes = splits.num_classes

@@ -1,0 +1,99 @@
+"""Training speed of the same model and input pipeline under the JAX and TensorFlow backends.
+
+Typical usage::
+
+    python bench/backends.py --data ../shared/data/cifar10-jpeg.zip --epochs 3 --repeats 2
+
+Each run is ``python -m train --backend B`` in a fresh process (one process cannot switch Keras
+backends), alternating A B A B so that machine noise falls on both. The data is decoded once
+into the CIFAR-10 binary layout first, so the runs do not spend their time decoding JPEGs. Epoch
+time is the trainer's own ``epoch_time_s`` (training steps plus the test-set evaluation); the
+first epoch, which includes compilation, is reported apart.
+"""
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, REPO)
+
+from train import data, report  # noqa: E402  (neither imports a framework)
+
+
+def write_binary(splits, path):
+    """``splits`` as cifar-10-binary.tar.gz: label byte + CHW pixels per record, as the official file."""
+    import io
+    import tarfile
+
+    import numpy as np
+
+    def records(x, y):
+        return np.concatenate([y.astype(np.uint8)[:, None], x.transpose(0, 3, 1, 2).reshape(len(x), -1)], 1).tobytes()
+
+    with tarfile.open(path, "w:gz", compresslevel=1) as archive:
+        for name, payload in (("data_batch_1.bin", records(splits.x_train, splits.y_train)),
+                              ("test_batch.bin", records(splits.x_test, splits.y_test)),
+                              ("batches.meta.txt", "\n".join(splits.class_names).encode())):
+            info = tarfile.TarInfo(f"cifar-10-batches-bin/{name}")
+            info.size = len(payload)
+            archive.addfile(info, io.BytesIO(payload))
+
+
+def train(backend, source, output, args):
+    env = {k: v for k, v in os.environ.items() if k not in ("KERAS_BACKEND", "XLA_FLAGS")}
+    env["TF_CPP_MIN_LOG_LEVEL"] = "3"
+    command = [sys.executable, "-m", "train", "--backend", backend, "--model", args.model, "--data", source,
+               "--output", output, "--epochs", str(args.epochs), "--precision", args.precision, "--quiet"]
+    started = time.monotonic()
+    subprocess.run(command, cwd=REPO, env=env, check=True, stdout=subprocess.DEVNULL)
+    total = time.monotonic() - started
+    manifest = json.load(open(os.path.join(output, "manifest.json")))
+    epochs = [row["epoch_time_s"] for row in report.read_history(os.path.join(output, "history.csv"))]
+    images = manifest["training"]["steps_per_epoch"] * manifest["training"]["global_batch"]
+    return {"first_epoch_s": epochs[0], "epoch_s": statistics.median(epochs[1:]), "images_per_epoch": images,
+            "process_s": total, "test_accuracy": manifest["metrics"]["test_accuracy"]}
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--data", required=True, help="a folder, .zip or tarball of CIFAR-10")
+    p.add_argument("--model", default="seed_cnn")
+    p.add_argument("--epochs", type=int, default=3, help="per run; at least 2 (the first is reported apart)")
+    p.add_argument("--repeats", type=int, default=2, help="runs per backend, interleaved")
+    p.add_argument("--precision", default="auto")
+    p.add_argument("--out", default="bench/results/backends.json")
+    args = p.parse_args(argv)
+
+    work = tempfile.mkdtemp(prefix="bench-backends-")
+    source = os.path.join(work, "cifar-10-binary.tar.gz")
+    write_binary(data.load(args.data), source)
+    rows = {"jax": [], "tensorflow": []}
+    for repeat in range(args.repeats):
+        for backend in ("tensorflow", "jax") if repeat % 2 == 0 else ("jax", "tensorflow"):
+            result = train(backend, source, os.path.join(work, f"{backend}-{repeat}"), args)
+            rows[backend].append(result)
+            print(f"{backend:10s} run {repeat + 1}: epoch {result['epoch_s']:.1f} s "
+                  f"({result['images_per_epoch'] / result['epoch_s']:.0f} img/s incl. evaluation), "
+                  f"first epoch {result['first_epoch_s']:.1f} s, test accuracy {result['test_accuracy']:.4f}",
+                  flush=True)
+    summary = {b: {"median_epoch_s": statistics.median(r["epoch_s"] for r in runs),
+                   "median_first_epoch_s": statistics.median(r["first_epoch_s"] for r in runs),
+                   "runs": runs} for b, runs in rows.items()}
+    ratio = summary["tensorflow"]["median_epoch_s"] / summary["jax"]["median_epoch_s"]
+    print(f"JAX epoch time is {1 / ratio:.2f}x TensorFlow's (JAX {'faster' if ratio > 1 else 'slower'} by "
+          f"{abs(ratio - 1) * 100:.0f}%), {args.model}, {args.epochs} epochs x {args.repeats} runs each")
+    os.makedirs(os.path.dirname(args.out), exist_ok=True)
+    with open(args.out, "w") as f:
+        json.dump({"machine": platform.processor() or platform.machine(), "cpus": os.cpu_count(),
+                   "args": vars(args), "summary": summary}, f, indent=2)
+
+
+if __name__ == "__main__":
+    main()
