@@ -9,10 +9,10 @@ import io
 import sys
 import warnings
 
-import numpy as np
 from PIL import Image, ImageOps, UnidentifiedImageError
 
-from contract import CHANNELS, IMAGE_SIZE, RESIZE_METHOD
+from contract import CHANNELS, IMAGE_SIZE
+from contract.pixels import to_rgb32
 
 #: Pillow format names accepted; GIFs give their first frame.
 ALLOWED_FORMATS = ("PNG", "JPEG", "GIF", "BMP", "WEBP")
@@ -22,8 +22,6 @@ DEFAULT_MAX_PIXELS = 4096 * 4096
 BATCH_DECODE_MIN = 16
 
 MIME_TYPES = {"PNG": "image/png", "JPEG": "image/jpeg", "GIF": "image/gif", "BMP": "image/bmp", "WEBP": "image/webp"}
-_RESAMPLE = {"bilinear": Image.Resampling.BILINEAR}[RESIZE_METHOD]
-_SIXTEEN_BIT_MODES = ("I", "I;16", "I;16B", "I;16L", "I;16N", "F")
 
 # A bomb warning becomes an exception (filterwarnings is process-wide and idempotent; doing
 # it per request with catch_warnings would not be thread-safe).
@@ -61,10 +59,7 @@ def decode(data, max_pixels=DEFAULT_MAX_PIXELS):
         if width * height > max_pixels:
             raise ImageError(f"has too many pixels ({width}x{height}; the limit is {max_pixels})", 413)
         try:
-            image = _to_rgb(image)
-            if image.size != (IMAGE_SIZE, IMAGE_SIZE):
-                image = image.resize((IMAGE_SIZE, IMAGE_SIZE), _RESAMPLE)
-            pixels = np.asarray(image, dtype=np.uint8)
+            pixels = to_rgb32(image)  # the same rule as training's loaders (contract.pixels)
         except (Image.DecompressionBombWarning, Image.DecompressionBombError) as e:
             raise ImageError(f"has too many pixels ({e})", 413) from None
         except (OSError, ValueError, SyntaxError, EOFError) as e:
@@ -160,28 +155,6 @@ def _why_unidentified(data):
     except Exception:
         return "is not an image (or not in a format this server reads)", 400
     return f"is a {fmt} image; accepted formats are {', '.join(ALLOWED_FORMATS)}", 415
-
-
-def _to_rgb(image):
-    """First frame, EXIF orientation applied, any mode (palette, L, LA, CMYK, 16-bit...) as RGB."""
-    if getattr(image, "n_frames", 1) > 1:
-        image.seek(0)
-    # Reading the orientation tag is cheap; exif_transpose copies, so only call it when needed.
-    if image.getexif().get(ImageOps.ExifTags.Base.Orientation, 1) != 1:
-        image = ImageOps.exif_transpose(image)
-    mode = image.mode
-    if mode == "RGB":
-        image.load()
-        return image
-    if mode in _SIXTEEN_BIT_MODES:
-        values = np.asarray(image)
-        if mode != "F" and values.max(initial=0) > 255:
-            values = values // 257  # 16-bit range down to 8 bits
-        return Image.fromarray(np.clip(values, 0, 255).astype(np.uint8), "L").convert("RGB")
-    if mode in ("PA", "La"):
-        image = image.convert("RGBA")
-    # Alpha is dropped, not composited: the same as the model's own predict_images signature.
-    return image.convert("RGB")
 
 
 def data_url(data, fmt):

@@ -22,6 +22,7 @@ import numpy as np
 from PIL import Image
 
 from contract import CHANNELS, CIFAR10_CLASSES, IMAGE_SIZE
+from contract.pixels import to_rgb32  # the server's rule too: one definition of "file -> model input"
 
 IMAGE_EXTENSIONS = (".png", ".jpg", ".jpeg", ".bmp", ".gif", ".webp", ".ppm", ".tif", ".tiff")
 SPLITS = ("train", "test")
@@ -61,15 +62,6 @@ def load(source):
     if tarfile.is_tarfile(source):
         return _check(_load_cifar_binary(source), source)
     raise DataError(f"{source!r} is neither a folder, a .zip, nor a CIFAR-10 binary tarball")
-
-
-def to_rgb32(image):
-    """Any Pillow image to a uint8 32x32x3 array, the way the server does it."""
-    if image.mode != "RGB":
-        image = image.convert("RGBA").convert("RGB") if "transparency" in image.info else image.convert("RGB")
-    if image.size != (IMAGE_SIZE, IMAGE_SIZE):
-        image = image.resize((IMAGE_SIZE, IMAGE_SIZE), Image.Resampling.BILINEAR)
-    return np.asarray(image, dtype=np.uint8)
 
 
 def _load_keras_cifar10():
