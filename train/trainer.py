@@ -22,22 +22,17 @@ Re-running the same command after a kill resumes from the last finished epoch.
 
 import argparse
 import dataclasses
-import datetime
 import os
-import platform
 import shutil
 import sys
-import tempfile
 import time
 
-from contract import CHANNELS, IMAGE_SIZE, MANIFEST_FILE, RESIZE_METHOD, SAMPLES_FILE, WEIGHTS_FILE, sha256_file
+from contract import MANIFEST_FILE, WEIGHTS_FILE
 from contract import manifest as manifests
 
 DEFAULT_DATA = "cifar10"
 DEFAULT_OUTPUT = "runs/latest"
 DEFAULT_MODEL = "seed_cnn"
-DEFAULT_PROBE_SEED = 20180921
-SAMPLE_IMAGES = 500  # per split, handed to export for calibration and verification
 TPU_STEPS_PER_EXECUTION = 32  # amortises host round trips on a TPU
 
 
@@ -107,7 +102,7 @@ def run(config, strategy=None, splits=None):
 
     # Everything that can fail on bad input happens before anything is written.
     backend = _choose_backend(config, strategy)
-    from train import data, quiet
+    from train import data, handover, quiet
 
     with quiet.native_startup():
         import tensorflow as tf  # tf.data feeds every backend: load it while its start-up noise is filtered
@@ -158,9 +153,8 @@ def run(config, strategy=None, splits=None):
     if not placement.chief:
         shutil.rmtree(workdir, ignore_errors=True)
         return None
-    weights_path = os.path.join(output, WEIGHTS_FILE)
-    _save_weights_atomically(model, weights_path)
-    manifest = _hand_over(config, recipe, plan, placement, splits, output, wall_time)
+    handover.save_weights_atomically(model, os.path.join(output, WEIGHTS_FILE))
+    manifest = handover.hand_over(config, recipe, plan, placement, splits, output, wall_time)
     _say(config, f"test accuracy {manifest.metrics['test_accuracy']:.4f} on {manifest.metrics['test_images']} "
                  f"images; weights and manifest in {output}")
     return manifest.to_dict()
@@ -285,109 +279,6 @@ def _callbacks(config, placement, workdir):
     return callbacks
 
 
-def _hand_over(config, recipe, plan, placement, splits, output, wall_time):
-    """Rebuild the model on the host from the saved file alone, evaluate it, write samples and manifest."""
-    import keras
-    import numpy as np
-
-    from train import models, report
-
-    weights_path = os.path.join(output, WEIGHTS_FILE)
-    host_model = _host_model(config.model, splits.num_classes, placement.backend)
-    host_model.load_weights(weights_path)
-    probe = models.probe_batch(DEFAULT_PROBE_SEED)
-    probe_outputs = keras.ops.convert_to_numpy(host_model(probe.astype("float32"), training=False))
-    evaluation = report.evaluate(host_model, splits, os.path.join(output, "eval"))
-    report.plot_history(os.path.join(output, "history.csv"), os.path.join(output, "curves.png"))
-    samples = _write_samples(splits, os.path.join(output, SAMPLES_FILE), config.seed)
-
-    manifest = manifests.Manifest(
-        created=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-        model=manifests.ModelSpec(config.model),
-        class_names=list(splits.class_names),
-        input={
-            "shape": [IMAGE_SIZE, IMAGE_SIZE, CHANNELS],
-            "dtype": "uint8",
-            "range": [0, 255],
-            "color": "RGB",
-            "resize": RESIZE_METHOD,
-            "preprocessing": "none outside the model: raw pixels in, normalisation is the model's first layer",
-        },
-        weights=manifests.Weights(file=WEIGHTS_FILE, sha256=sha256_file(weights_path)),
-        training={
-            "data": splits.source or config.data,
-            "train_images": int(len(splits.x_train)),
-            "test_images": int(len(splits.x_test)),
-            "backend": placement.backend,
-            "strategy": placement.name,
-            "hardware": placement.hardware,
-            "replicas": placement.replicas,
-            "batch_size_per_replica": plan.batch_size,
-            "global_batch": plan.global_batch,
-            "precision": plan.precision,
-            "epochs": plan.epochs,
-            "steps_per_epoch": plan.steps_per_epoch,
-            "steps_per_execution": plan.steps_per_execution,
-            "optimizer": recipe.optimizer,
-            "learning_rate": plan.learning_rate,
-            "schedule": plan.schedule,
-            "augment": plan.augment,
-            "crop_padding": plan.crop_padding,
-            "label_smoothing": plan.label_smoothing,
-            "weight_decay": recipe.weight_decay,
-            "seed": config.seed,
-            "wall_time_s": round(wall_time, 1),
-        },
-        metrics={
-            "test_accuracy": evaluation["accuracy"],
-            "test_loss": evaluation["loss"],
-            "test_images": evaluation["count"],
-        },
-        versions=_versions(placement.backend),
-        fingerprint=manifests.Fingerprint(
-            seed=DEFAULT_PROBE_SEED,
-            shape=list(probe.shape),
-            inputs_sha256=models.probe_digest(probe),
-            outputs=np.asarray(probe_outputs, dtype=np.float32).tolist(),
-        ),
-        samples=samples,
-    )
-    manifests.write(os.path.join(output, MANIFEST_FILE), manifest)
-    return manifest
-
-
-def _host_model(name, num_classes, backend):
-    """A float32 model built outside any distribution (one device), as export will build it."""
-    from train import models
-
-    if backend == "tensorflow":
-        import tensorflow as tf
-
-        # One device: tests (and multi-GPU hosts) may have several, and the handover needs none of them.
-        with tf.distribute.OneDeviceStrategy("/cpu:0").scope():
-            return models.build_model(name, num_classes)
-    return models.build_model(name, num_classes)
-
-
-def _write_samples(splits, path, seed):
-    """A seeded subset of each split, uint8, for export to calibrate and verify quantized models."""
-    import numpy as np
-
-    rng = np.random.default_rng(seed)
-    chosen = {}
-    for split, (x, y) in {"train": (splits.x_train, splits.y_train), "test": (splits.x_test, splits.y_test)}.items():
-        index = np.sort(rng.choice(len(x), size=min(SAMPLE_IMAGES, len(x)), replace=False))
-        chosen[f"{split}_images"] = np.ascontiguousarray(x[index], dtype=np.uint8)
-        chosen[f"{split}_labels"] = np.asarray(y[index], dtype=np.int64)
-    fd, tmp = tempfile.mkstemp(dir=os.path.dirname(path), prefix=".tmp-", suffix=".npz")
-    with os.fdopen(fd, "wb") as f:
-        np.savez(f, **chosen)
-    os.chmod(tmp, 0o644)
-    os.replace(tmp, path)
-    return manifests.Samples(file=os.path.basename(path), train=len(chosen["train_images"]),
-                             test=len(chosen["test_images"]), sha256=sha256_file(path), seed=seed)
-
-
 def _describe_augmentation(augment, crop_padding):
     if not augment:
         return "off"
@@ -419,40 +310,6 @@ def _optimizer(recipe, learning_rate, schedule, total_steps):
     if recipe.optimizer == "sgd":
         return keras.optimizers.SGD(rate, momentum=recipe.momentum, nesterov=True, weight_decay=weight_decay)
     return keras.optimizers.Adam(rate, weight_decay=weight_decay)
-
-
-def _save_weights_atomically(model, path):
-    directory = os.path.dirname(path)
-    # Keras insists on the .weights.h5 suffix, so the temporary name keeps it.
-    fd, tmp = tempfile.mkstemp(dir=directory, prefix=".tmp-", suffix=".weights.h5")
-    os.close(fd)
-    try:
-        model.save_weights(tmp, overwrite=True)
-        os.chmod(tmp, 0o644)  # mkstemp makes files private; a run directory is shared
-        os.replace(tmp, path)
-    finally:
-        if os.path.exists(tmp):
-            os.remove(tmp)
-
-
-def _versions(backend):
-    import h5py
-    import keras
-    import numpy
-    import tensorflow
-
-    versions = {
-        "python": platform.python_version(),
-        "tensorflow": tensorflow.__version__,
-        "keras": keras.__version__,
-        "numpy": numpy.__version__,
-        "h5py": h5py.__version__,
-    }
-    if backend == "jax":
-        import jax
-
-        versions["jax"] = jax.__version__
-    return versions
 
 
 def _say(config, line):

@@ -1,0 +1,154 @@
+"""The handover: what a finished run leaves for export, written from the saved weights alone.
+
+The chief rebuilds the model in float32 outside any distribution, loads ``model.weights.h5``
+(whichever backend wrote it), evaluates it on every test image, and writes ``samples.npz`` and,
+last, ``manifest.json`` (:mod:`contract.manifest`): its presence means the run is complete.
+"""
+
+import datetime
+import os
+import platform
+import tempfile
+
+from contract import CHANNELS, IMAGE_SIZE, MANIFEST_FILE, RESIZE_METHOD, SAMPLES_FILE, WEIGHTS_FILE, sha256_file
+from contract import manifest as manifests
+
+PROBE_SEED = 20180921  # the fingerprint's probe batch (train.models.probe_batch)
+SAMPLE_IMAGES = 500  # per split, handed to export for calibration and verification
+
+
+def hand_over(config, recipe, plan, placement, splits, output, wall_time):
+    """Rebuild the model on the host from the saved file alone, evaluate it, write samples and manifest."""
+    import keras
+    import numpy as np
+
+    from train import models, report
+
+    weights_path = os.path.join(output, WEIGHTS_FILE)
+    model = host_model(config.model, splits.num_classes, placement.backend)
+    model.load_weights(weights_path)
+    probe = models.probe_batch(PROBE_SEED)
+    probe_outputs = keras.ops.convert_to_numpy(model(probe.astype("float32"), training=False))
+    evaluation = report.evaluate(model, splits, os.path.join(output, "eval"))
+    report.plot_history(os.path.join(output, "history.csv"), os.path.join(output, "curves.png"))
+    samples = write_samples(splits, os.path.join(output, SAMPLES_FILE), config.seed)
+
+    manifest = manifests.Manifest(
+        created=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        model=manifests.ModelSpec(config.model),
+        class_names=list(splits.class_names),
+        input={
+            "shape": [IMAGE_SIZE, IMAGE_SIZE, CHANNELS],
+            "dtype": "uint8",
+            "range": [0, 255],
+            "color": "RGB",
+            "resize": RESIZE_METHOD,
+            "preprocessing": "none outside the model: raw pixels in, normalisation is the model's first layer",
+        },
+        weights=manifests.Weights(file=WEIGHTS_FILE, sha256=sha256_file(weights_path)),
+        training={
+            "data": splits.source or config.data,
+            "train_images": int(len(splits.x_train)),
+            "test_images": int(len(splits.x_test)),
+            "backend": placement.backend,
+            "strategy": placement.name,
+            "hardware": placement.hardware,
+            "replicas": placement.replicas,
+            "batch_size_per_replica": plan.batch_size,
+            "global_batch": plan.global_batch,
+            "precision": plan.precision,
+            "epochs": plan.epochs,
+            "steps_per_epoch": plan.steps_per_epoch,
+            "steps_per_execution": plan.steps_per_execution,
+            "optimizer": recipe.optimizer,
+            "learning_rate": plan.learning_rate,
+            "schedule": plan.schedule,
+            "augment": plan.augment,
+            "crop_padding": plan.crop_padding,
+            "label_smoothing": plan.label_smoothing,
+            "weight_decay": recipe.weight_decay,
+            "seed": config.seed,
+            "wall_time_s": round(wall_time, 1),
+        },
+        metrics={
+            "test_accuracy": evaluation["accuracy"],
+            "test_loss": evaluation["loss"],
+            "test_images": evaluation["count"],
+        },
+        versions=versions(placement.backend),
+        fingerprint=manifests.Fingerprint(
+            seed=PROBE_SEED,
+            shape=list(probe.shape),
+            inputs_sha256=models.probe_digest(probe),
+            outputs=np.asarray(probe_outputs, dtype=np.float32).tolist(),
+        ),
+        samples=samples,
+    )
+    manifests.write(os.path.join(output, MANIFEST_FILE), manifest)
+    return manifest
+
+
+def host_model(name, num_classes, backend):
+    """A float32 model built outside any distribution (one device), as export will build it."""
+    from train import models
+
+    if backend == "tensorflow":
+        import tensorflow as tf
+
+        # One device: tests (and multi-GPU hosts) may have several, and the handover needs none of them.
+        with tf.distribute.OneDeviceStrategy("/cpu:0").scope():
+            return models.build_model(name, num_classes)
+    return models.build_model(name, num_classes)
+
+
+def write_samples(splits, path, seed):
+    """A seeded subset of each split, uint8, for export to calibrate and verify quantized models."""
+    import numpy as np
+
+    rng = np.random.default_rng(seed)
+    chosen = {}
+    for split, (x, y) in {"train": (splits.x_train, splits.y_train), "test": (splits.x_test, splits.y_test)}.items():
+        index = np.sort(rng.choice(len(x), size=min(SAMPLE_IMAGES, len(x)), replace=False))
+        chosen[f"{split}_images"] = np.ascontiguousarray(x[index], dtype=np.uint8)
+        chosen[f"{split}_labels"] = np.asarray(y[index], dtype=np.int64)
+    fd, tmp = tempfile.mkstemp(dir=os.path.dirname(path), prefix=".tmp-", suffix=".npz")
+    with os.fdopen(fd, "wb") as f:
+        np.savez(f, **chosen)
+    os.chmod(tmp, 0o644)
+    os.replace(tmp, path)
+    return manifests.Samples(file=os.path.basename(path), train=len(chosen["train_images"]),
+                             test=len(chosen["test_images"]), sha256=sha256_file(path), seed=seed)
+
+
+def save_weights_atomically(model, path):
+    directory = os.path.dirname(path)
+    # Keras insists on the .weights.h5 suffix, so the temporary name keeps it.
+    fd, tmp = tempfile.mkstemp(dir=directory, prefix=".tmp-", suffix=".weights.h5")
+    os.close(fd)
+    try:
+        model.save_weights(tmp, overwrite=True)
+        os.chmod(tmp, 0o644)  # mkstemp makes files private; a run directory is shared
+        os.replace(tmp, path)
+    finally:
+        if os.path.exists(tmp):
+            os.remove(tmp)
+
+
+def versions(backend):
+    import h5py
+    import keras
+    import numpy
+    import tensorflow
+
+    versions = {
+        "python": platform.python_version(),
+        "tensorflow": tensorflow.__version__,
+        "keras": keras.__version__,
+        "numpy": numpy.__version__,
+        "h5py": h5py.__version__,
+    }
+    if backend == "jax":
+        import jax
+
+        versions["jax"] = jax.__version__
+    return versions
