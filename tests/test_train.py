@@ -436,3 +436,17 @@ def test_offline_download_is_one_line_exit_2_and_leaves_no_poisoned_cache(tmp_pa
     assert "Name or service not known" in err and "--data" in err and "CIFAR_DATA" in err
     assert sorted(os.listdir(output)) == ["precious.txt"]
     assert not list(offline_keras_cache.glob("*_archive")), "no partial archive is left to poison the next run"
+
+
+def test_seed_cnn_trains_by_its_recipe_block_when_no_flag_says_otherwise(trained_run):
+    """The registry's recipe is the one source of the defaults: the CLI's flags default to None."""
+    recipe = models.recipe("seed_cnn")
+    training = json.loads((trained_run / MANIFEST_FILE).read_text())["training"]
+    for key in ("optimizer", "schedule", "augment", "crop_padding", "label_smoothing"):
+        assert training[key] == getattr(recipe, key), key
+    # conftest's run sets only epochs and a per-replica batch of 16; the rate follows that batch.
+    assert training["learning_rate"] == pytest.approx(recipe.learning_rate * (16 / recipe.reference_batch) ** 0.5)
+    defaults = trainer.build_parser().parse_args([])
+    assert all(getattr(defaults, flag) is None for flag in
+               ("epochs", "batch_size", "learning_rate", "schedule", "augment", "crop_padding", "label_smoothing"))
+    assert (recipe.epochs, recipe.batch_size, recipe.crop_padding) == (14, 128, 0)

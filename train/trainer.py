@@ -2,7 +2,7 @@
 
 Typical usage::
 
-    python -m train --data cifar10 --output runs/seed --epochs 50
+    python -m train --data cifar10 --output runs/seed
     python -m train --backend jax --data ../shared/data/cifar10-jpeg.zip --output runs/seed
 
 The same registered models and recipes train under either Keras backend: JAX (what TPUs
