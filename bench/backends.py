@@ -68,12 +68,16 @@ def main(argv=None):
     p.add_argument("--epochs", type=int, default=3, help="per run; at least 2 (the first is reported apart)")
     p.add_argument("--repeats", type=int, default=2, help="runs per backend, interleaved")
     p.add_argument("--precision", default="auto")
+    p.add_argument("--train-images", type=int, help="train on the first N training images only (faster; speed only)")
     p.add_argument("--out", default="bench/results/backends.json")
     args = p.parse_args(argv)
 
     work = tempfile.mkdtemp(prefix="bench-backends-")
     source = os.path.join(work, "cifar-10-binary.tar.gz")
-    write_binary(data.load(args.data), source)
+    splits = data.load(args.data)
+    if args.train_images:
+        splits.x_train, splits.y_train = splits.x_train[: args.train_images], splits.y_train[: args.train_images]
+    write_binary(splits, source)
     rows = {"jax": [], "tensorflow": []}
     for repeat in range(args.repeats):
         for backend in ("tensorflow", "jax") if repeat % 2 == 0 else ("jax", "tensorflow"):
