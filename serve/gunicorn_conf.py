@@ -39,6 +39,28 @@ else:
             os.remove(os.path.join(_dir, _name))
 
 
+# glibc gives every thread that allocates its own malloc arena (up to 8 per core): under a
+# minute of mixed uploads from 64 clients the workers' resident memory grew by a third and was
+# still creeping after two minutes; with two arenas it grew 5% and levelled off (bench/soak.py,
+# docs/benchmarks.md). MALLOC_ARENA_MAX in the environment, which glibc reads itself, wins.
+MALLOC_ARENAS = 2
+
+
+def post_fork(server, worker):
+    if "MALLOC_ARENA_MAX" not in os.environ:
+        _limit_malloc_arenas(MALLOC_ARENAS)
+
+
+def _limit_malloc_arenas(count):
+    import ctypes
+
+    try:
+        mallopt = ctypes.CDLL(None).mallopt
+    except (OSError, AttributeError):  # not glibc (musl, macOS): nothing to limit
+        return
+    mallopt(-8, count)  # M_ARENA_MAX, before the worker starts its threads
+
+
 def when_ready(server):
     host, _, port = bind.rpartition(":")
     browsable = "localhost" if host in ("0.0.0.0", "::", "[::]", "") else host  # nosec B104  # a comparison, binds nothing

@@ -1,0 +1,370 @@
+"""Soak: many concurrent clients posting good and bad uploads to the server under gunicorn.
+
+Typical usage::
+
+    python bench/soak.py --model-dir models/cifar10 --data ../shared/data/cifar10-jpeg.zip
+
+Starts ``python -m serve`` on 127.0.0.1 (the deployment's gunicorn layout unless ``--serve-env``
+says otherwise) and, after ``--warmup`` seconds of the same load, runs ``--clients`` clients for
+``--seconds``. Each client posts one request after another, drawn from a fixed mix: good CIFAR
+test JPEGs (one or eight per multipart request, JSON b64, TF Serving's row format, the web form,
+a good image beside a bad one, a 5,000-character file name) and bad input (text, truncated JPEG,
+TIFF, a decompression bomb, bad base64, JSON 100,000 levels deep, malformed multipart, a body
+over the upload limit). Every answer is checked against what that request must get.
+
+Pass/fail, as the issue asks:
+
+* no 5xx (and no request left without an answer: timeouts and dropped connections count);
+* every good image answered: each good image's slot holds a label;
+* resident memory of the server (gunicorn master and workers, from /proc) grows at most 10%
+  from the mean of the first 10 s to the mean of the last 10 s of the timed run.
+
+Also reported: the workers are the ones the server started with (none crashed or was
+restarted), and the lines of the server's error log that are errors. Bounded: a fixed number of
+clients, a per-request timeout, the run stops at ``--seconds``, and the script gives up on a
+client that has not finished 60 s after that. Linux only (/proc).
+"""
+
+import argparse
+import base64
+import collections
+import json
+import os
+import random
+import shlex
+import socket
+import statistics
+import struct
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import zipfile
+import zlib
+
+import requests
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+PREDICT = "/api/v1/predict"
+REQUEST_TIMEOUT_S = 30
+GRACE_S = 60
+GROWTH_LIMIT = 0.10
+WINDOW_S = 10
+
+
+# -- inputs ----------------------------------------------------------------------------------
+def read_jpegs(zip_path, count):
+    """``count`` CIFAR test JPEGs (bytes), spread over the classes."""
+    with zipfile.ZipFile(zip_path) as archive:
+        names = sorted(n for n in archive.namelist() if n.startswith("test/") and n.lower().endswith((".jpg", ".jpeg")))
+        if not names:
+            raise SystemExit(f"error: no test/<class>/*.jpg images in {zip_path}")
+        step = max(1, len(names) // count)
+        return [archive.read(n) for n in names[::step][:count]]
+
+
+def _png_chunk(kind, payload):
+    return struct.pack(">I", len(payload)) + kind + payload + struct.pack(">I", zlib.crc32(kind + payload))
+
+
+def png_bomb():
+    """A 1x1 PNG whose header declares 100,000 x 100,000 pixels."""
+    header = struct.pack(">IIBBBBB", 100_000, 100_000, 8, 2, 0, 0, 0)
+    pixels = zlib.compress(b"\0\0\0\0")
+    return b"\x89PNG\r\n\x1a\n" + _png_chunk(b"IHDR", header) + _png_chunk(b"IDAT", pixels) + _png_chunk(b"IEND", b"")
+
+
+def tiff():
+    """A tiny valid TIFF (a format the server refuses with 415)."""
+    import io
+
+    from PIL import Image
+
+    buffer = io.BytesIO()
+    Image.new("RGB", (8, 8), (200, 10, 10)).save(buffer, format="TIFF")
+    return buffer.getvalue()
+
+
+def pixels(jpeg):
+    import io
+
+    import numpy as np
+    from PIL import Image
+
+    return np.asarray(Image.open(io.BytesIO(jpeg)).convert("RGB")).tolist()
+
+
+# -- the mix ----------------------------------------------------------------------------------
+class Case:
+    """One kind of request: how to send it, what it must get, how many good images it carries."""
+
+    def __init__(self, name, weight, send, status, good=0, check=None):
+        self.name, self.weight, self.send, self.status, self.good, self.check = name, weight, send, status, good, check
+
+
+def make_cases(jpegs, upload_limit_mb):
+    rows = {j: pixels(j) for j in jpegs[:8]}
+    bomb, refused = png_bomb(), tiff()
+    deep = b"[" * 100_000 + b"]" * 100_000
+    oversize = b"\0" * int((upload_limit_mb + 1) * 1024 * 1024)
+
+    def files(*items):
+        return {"files": [("file", item) for item in items]}
+
+    def labelled(body, good):
+        slots = body["predictions"]
+        return sum("label" in s for s in slots) == good and len(slots) >= good
+
+    return [
+        Case("1 good JPEG", 30, lambda r: ("post", PREDICT, files((f"{r.randrange(10**6)}.jpg", r.choice(jpegs)))), 200, 1,
+             lambda b: labelled(b, 1)),
+        Case("8 good JPEGs", 6, lambda r: ("post", PREDICT, files(*[(f"{i}.jpg", j) for i, j in enumerate(r.sample(jpegs, 8))])),
+             200, 8, lambda b: labelled(b, 8)),
+        Case("2 good, JSON b64", 6, lambda r: ("post", PREDICT, {"json": {"instances": [
+            {"b64": base64.b64encode(j).decode()} for j in r.sample(jpegs, 2)]}}), 200, 2, lambda b: labelled(b, 2)),
+        Case("1 good, TF Serving rows", 4, lambda r: ("post", "/v1/models/cifar10:predict", {"json": {
+            "instances": [rows[r.choice(list(rows))]]}}), 200, 1, lambda b: len(b["predictions"]) == 1),
+        Case("1 good, web form", 4, lambda r: ("post", "/", files(("form.jpg", r.choice(jpegs)))), 200, 1, None),
+        Case("2 good + text", 6, lambda r: ("post", PREDICT, files(("a.jpg", r.choice(jpegs)), ("notes.txt", b"not an image"),
+                                                                    ("b.jpg", r.choice(jpegs)))), 200, 2, lambda b: labelled(b, 2)),
+        Case("good, 5,000-char name", 2, lambda r: ("post", PREDICT, files(("n" * 4996 + ".jpg", r.choice(jpegs)))), 200, 1,
+             lambda b: labelled(b, 1)),
+        Case("text as image", 6, lambda r: ("post", PREDICT, files(("x.jpg", b"hello " * 50))), 400),
+        Case("truncated JPEG", 6, lambda r: ("post", PREDICT, files(("t.jpg", r.choice(jpegs)[:300]))), 400),
+        Case("TIFF", 3, lambda r: ("post", PREDICT, files(("x.tif", refused))), 415),
+        Case("PNG bomb", 4, lambda r: ("post", PREDICT, files(("bomb.png", bomb))), 413),
+        Case("bad base64", 3, lambda r: ("post", PREDICT, {"json": {"instances": [{"b64": "%%%"}]}}), 400),
+        Case("JSON 100,000 deep", 3, lambda r: ("post", r.choice([PREDICT, "/v1/models/cifar10:predict"]), {
+            "data": deep, "headers": {"Content-Type": "application/json"}}), 400),
+        Case("malformed multipart", 3, lambda r: ("post", PREDICT, {"data": b"--b\r\nnonsense", "headers": {
+            "Content-Type": "multipart/form-data; boundary=b"}}), 400),
+        Case("over the upload limit", 0.3, lambda r: ("post", PREDICT, files(("big.jpg", oversize))), 413),
+    ]
+
+
+# -- the server ---------------------------------------------------------------------------------
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def children(pid):
+    try:
+        with open(f"/proc/{pid}/task/{pid}/children") as f:
+            return sorted(int(c) for c in f.read().split())
+    except FileNotFoundError:
+        return []
+
+
+def rss_mb(pid):
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            for line in f:
+                if line.startswith("VmRSS:"):
+                    return int(line.split()[1]) / 1024
+    except FileNotFoundError:
+        pass
+    return 0.0
+
+
+def start_server(model_dir, port, env_extra, logdir):
+    errlog = os.path.join(logdir, "error.log")
+    env = {
+        **os.environ,
+        "TF_CPP_MIN_LOG_LEVEL": "2",
+        "GUNICORN_CMD_ARGS": f"--error-logfile {shlex.quote(errlog)}",
+        **env_extra,
+    }
+    with open(os.path.join(logdir, "stderr.log"), "wb") as out:
+        process = subprocess.Popen(
+            [sys.executable, "-m", "serve", "--model-dir", model_dir, "--host", "127.0.0.1", "--port", str(port)],
+            env=env, cwd=ROOT, stdout=out, stderr=subprocess.STDOUT,
+        )
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 180
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            raise SystemExit(f"error: the server exited with code {process.returncode}; see {logdir}")
+        try:
+            if requests.get(f"{url}/readyz", timeout=10).status_code == 200 and len(children(process.pid)) >= 1:
+                # every worker ready: each answers /readyz only once its model is loaded
+                if all(requests.get(f"{url}/readyz", timeout=10).status_code == 200 for _ in range(8)):
+                    return process, url, errlog
+        except requests.RequestException:
+            pass
+        time.sleep(0.5)
+    process.kill()
+    raise SystemExit("error: the server was not ready within 180 s")
+
+
+# -- the load ----------------------------------------------------------------------------------
+class Tally:
+    def __init__(self):
+        self.lock = threading.Lock()
+        self.by_case = collections.defaultdict(collections.Counter)
+        self.wrong = collections.Counter()
+        self.examples = {}
+        self.good_sent = self.good_answered = 0
+        self.requests = 0
+
+    def record(self, case, status, ok, answered_good, note=None):
+        with self.lock:
+            self.requests += 1
+            self.by_case[case.name][status] += 1
+            self.good_sent += case.good
+            self.good_answered += answered_good
+            if not ok:
+                self.wrong[case.name] += 1
+                self.examples.setdefault(case.name, note)
+
+
+def client(url, cases, weights, seed, stop_at, tally, counting):
+    rng = random.Random(seed)
+    session = requests.Session()
+    while time.monotonic() < stop_at:
+        case = rng.choices(cases, weights)[0]
+        method, path, kwargs = case.send(rng)
+        try:
+            response = session.request(method, url + path, timeout=REQUEST_TIMEOUT_S, **kwargs)
+        except requests.RequestException as e:
+            if counting.is_set():
+                tally.record(case, f"no answer ({type(e).__name__})", False, 0, str(e)[:200])
+            session = requests.Session()
+            continue
+        status = response.status_code
+        ok, answered = status == case.status, 0
+        if ok and case.good:
+            if case.check is None:  # the form: a page with a label on it
+                ok = 'data-testid="label"' in response.text
+            else:
+                try:
+                    ok = case.check(response.json())
+                except ValueError:
+                    ok = False
+            answered = case.good if ok else 0
+        if counting.is_set():
+            tally.record(case, status, ok, answered, None if ok else response.text[:200])
+
+
+def sample_memory(pid, stop, samples, started):
+    while not stop.wait(1.0):
+        workers = children(pid)
+        samples.append((time.monotonic() - started, rss_mb(pid), [rss_mb(w) for w in workers], workers))
+
+
+def window_mean(samples, start, end):
+    values = [master + sum(workers) for t, master, workers, _ in samples if start <= t < end]
+    return statistics.fmean(values) if values else float("nan")
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--model-dir", default="models/cifar10", help="model directory holding version folders N/")
+    p.add_argument("--data", default="../shared/data/cifar10-jpeg.zip", help="CIFAR-10 JPEG zip: test/<class>/ images")
+    p.add_argument("--clients", type=int, default=64, help="concurrent clients, each one request at a time")
+    p.add_argument("--seconds", type=float, default=60, help="length of the timed run")
+    p.add_argument("--warmup", type=float, default=5, help="seconds of the same load before the timed run (not counted)")
+    p.add_argument("--images", type=int, default=200, help="distinct good test images in the mix")
+    p.add_argument("--seed", type=int, default=0, help="seed of the request mix")
+    p.add_argument("--serve-env", action="append", default=[], metavar="KEY=VALUE", help="extra environment for the server")
+    p.add_argument("--json", help="also write the results to this JSON file")
+    args = p.parse_args(argv)
+    if not os.path.isdir(args.model_dir):
+        raise SystemExit(f"error: no model directory {args.model_dir} (export one, or pass --model-dir)")
+    env_extra = dict(item.split("=", 1) for item in args.serve_env)
+    limit_mb = float(env_extra.get("SERVE_MAX_UPLOAD_MB") or os.environ.get("SERVE_MAX_UPLOAD_MB") or 16)
+
+    jpegs = read_jpegs(args.data, args.images)
+    cases = make_cases(jpegs, limit_mb)
+    weights = [c.weight for c in cases]
+    logdir = tempfile.mkdtemp(prefix="soak-")
+    process, url, errlog = start_server(os.path.abspath(args.model_dir), free_port(), env_extra, logdir)
+    try:
+        workers_at_start = children(process.pid)
+        tally, counting, stop_memory = Tally(), threading.Event(), threading.Event()
+        begin = time.monotonic()
+        stop_at = begin + args.warmup + args.seconds
+        threads = [
+            threading.Thread(target=client, args=(url, cases, weights, args.seed * 1000 + i, stop_at, tally, counting),
+                             daemon=True)
+            for i in range(args.clients)
+        ]
+        for thread in threads:
+            thread.start()
+        time.sleep(args.warmup)
+        counting.set()
+        started = time.monotonic()
+        samples = []
+        memory = threading.Thread(target=sample_memory, args=(process.pid, stop_memory, samples, started), daemon=True)
+        memory.start()
+        for thread in threads:
+            thread.join(max(0.0, stop_at + GRACE_S - time.monotonic()))
+        elapsed = time.monotonic() - started
+        stuck = sum(thread.is_alive() for thread in threads)
+        stop_memory.set()
+        memory.join(5)
+        workers_at_end = children(process.pid)
+        alive = requests.get(f"{url}/readyz", timeout=30).status_code
+    finally:
+        process.terminate()
+        try:
+            process.wait(30)
+        except subprocess.TimeoutExpired:
+            process.kill()
+
+    with open(errlog) as f:
+        error_lines = [line.rstrip() for line in f if "[ERROR]" in line or "[CRITICAL]" in line or "Traceback" in line]
+    first = window_mean(samples, 0, WINDOW_S)
+    last = window_mean(samples, args.seconds - WINDOW_S, args.seconds)
+    growth = last / first - 1
+    statuses = collections.Counter()
+    for counter in tally.by_case.values():
+        statuses.update(counter)
+    server_errors = sum(n for s, n in statuses.items() if isinstance(s, int) and s >= 500)
+    unanswered = sum(n for s, n in statuses.items() if not isinstance(s, int))
+    results = {
+        "clients": args.clients, "seconds": round(elapsed, 1), "warmup_s": args.warmup, "requests": tally.requests,
+        "requests_per_s": round(tally.requests / elapsed, 1), "statuses": {str(k): v for k, v in sorted(statuses.items(), key=str)},
+        "server_errors_5xx": server_errors, "unanswered": unanswered, "wrong_answers": dict(tally.wrong),
+        "wrong_examples": tally.examples, "good_images_sent": tally.good_sent, "good_images_answered": tally.good_answered,
+        "rss_first_10s_mb": round(first, 1), "rss_last_10s_mb": round(last, 1), "rss_growth": round(growth, 4),
+        "rss_per_process_last_mb": [round(samples[-1][1], 1)] + [round(w, 1) for w in samples[-1][2]] if samples else [],
+        "workers_unchanged": workers_at_start == workers_at_end, "clients_not_finished": stuck,
+        "ready_after": alive, "server_error_log_lines": error_lines[:20], "server_env": env_extra,
+        "by_case": {name: {str(k): v for k, v in counter.items()} for name, counter in tally.by_case.items()},
+        "rss_series_mb": [[round(t, 1), round(master + sum(workers), 1)] for t, master, workers, _ in samples],
+    }
+    checks = {
+        "no 5xx, none unanswered": server_errors == 0 and unanswered == 0 and stuck == 0,
+        "every good image answered": tally.good_answered == tally.good_sent and tally.good_sent > 0,
+        "every answer as expected": not tally.wrong,
+        f"RSS growth <= {GROWTH_LIMIT:.0%}": growth <= GROWTH_LIMIT,
+        "workers unchanged, server ready after": workers_at_start == workers_at_end and alive == 200,
+        "no errors in the server log": not error_lines,
+    }
+    results["checks"] = checks
+    print(f"soak: {args.clients} clients, {elapsed:.1f} s (after {args.warmup:g} s warm-up), {tally.requests} requests "
+          f"({tally.requests / elapsed:.1f}/s); server env {env_extra or 'default'}")
+    print("| request | sent | answers |")
+    print("|---|---:|---|")
+    for case in cases:
+        counter = tally.by_case.get(case.name, {})
+        print(f"| {case.name} | {sum(counter.values())} | {', '.join(f'{k}: {v}' for k, v in sorted(counter.items(), key=str))} |")
+    print(f"good images: {tally.good_answered} answered of {tally.good_sent} sent; 5xx: {server_errors}; "
+          f"unanswered: {unanswered}; wrong: {dict(tally.wrong) or 'none'}")
+    print(f"resident memory (master + workers): first {WINDOW_S} s {first:.0f} MB, last {WINDOW_S} s {last:.0f} MB, "
+          f"growth {growth:+.2%}; per process at the end: {results['rss_per_process_last_mb']} MB")
+    for name, passed in checks.items():
+        print(f"{'PASS' if passed else 'FAIL'}  {name}")
+    if tally.examples:
+        print("examples of wrong answers:", json.dumps(tally.examples, indent=1)[:2000])
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(results, f, indent=1)
+    return 0 if all(checks.values()) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
