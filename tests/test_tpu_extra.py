@@ -1,0 +1,57 @@
+"""The `tpu` extra, installed into a fresh virtual environment as a TPU VM user would, on this CPU machine.
+
+tensorflow-tpu 2.20 with the libtpu pip resolves made `import tensorflow` abort, and with an
+older libtpu hang; the extra now brings JAX with the libtpu JAX pins, beside the CPU TensorFlow
+that feeds tf.data. Without a TPU, training under JAX must run on the CPU with one line saying so.
+"""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+import synthetic
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+@pytest.mark.slow
+def test_tpu_extra_installs_imports_and_trains_on_a_machine_without_a_tpu(tmp_path):
+    venv = tmp_path / "venv"
+    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, timeout=120)
+    python = str(venv / "bin" / "python")
+    install = subprocess.run([python, "-m", "pip", "install", "-q", "--no-input", "-e", f"{REPO}[tpu]"],
+                             capture_output=True, text=True, timeout=1200)
+    assert install.returncode == 0, install.stderr[-3000:]
+    env = {k: v for k, v in os.environ.items() if k not in ("KERAS_BACKEND", "JAX_PLATFORMS", "XLA_FLAGS")}
+    env["TF_CPP_MIN_LOG_LEVEL"] = "3"
+
+    imports = subprocess.run(
+        [python, "-c", "import tensorflow, jax, libtpu; print(tensorflow.__version__, jax.__version__)"],
+        capture_output=True, text=True, timeout=300, env=env)
+    assert imports.returncode == 0, imports.stderr[-3000:]
+
+    # On a TPU host (faked PCI bus) TensorFlow would be pointed at this libtpu through PJRT.
+    fake_bus = tmp_path / "pci" / "0000:00:04.0"
+    fake_bus.mkdir(parents=True)
+    (fake_bus / "vendor").write_text("0x1ae0\n")
+    pjrt = subprocess.run(
+        [python, "-c", "from train import hardware; e = {}; "
+                       f"hardware.prepare_environment('tensorflow', e, pci_root={str(tmp_path / 'pci')!r}); "
+                       "print(e['PJRT_DEVICE'], e['TF_PLUGGABLE_DEVICE_LIBRARY_PATH'])"],
+        cwd=REPO, capture_output=True, text=True, timeout=120, env=env)
+    assert pjrt.returncode == 0, pjrt.stderr[-2000:]
+    assert pjrt.stdout.split()[0] == "TPU" and os.path.isfile(pjrt.stdout.split()[1])
+
+    data = synthetic.write_zip(tmp_path / "data.zip", synthetic.make_splits(train_per_class=32, test_per_class=8))
+    output = tmp_path / "run"
+    train = subprocess.run(
+        [python, "-m", "train", "--backend", "jax", "--data", str(data), "--output", str(output), "--epochs", "1",
+         "--batch-size", "16"],
+        cwd=tmp_path, capture_output=True, text=True, timeout=600, env=env)
+    assert train.returncode == 0, train.stderr[-3000:]
+    assert train.stdout.splitlines()[0] == "no TPU found; training on 1 CPU device(s)"
+    manifest = json.loads((output / "manifest.json").read_text())
+    assert manifest["training"]["backend"] == "jax" and manifest["training"]["hardware"] == "cpu"
