@@ -101,3 +101,31 @@ def test_jax_backend_in_a_tensorflow_process_is_a_clear_error(tmp_path, capsys):
     assert err == "error: Keras is already loaded with the tensorflow backend in this process; " \
                   "train with --backend jax in a new process"
     assert not (tmp_path / "out").exists()
+
+
+BUILD_ALL = """
+import sys
+import numpy as np
+import keras
+from train import models
+out = sys.argv[1]
+assert keras.backend.backend() == "jax"
+probe = models.probe_batch(5, count=4).astype("float32")
+for name in models.model_names():
+    model = models.build_model(name, num_classes=10)
+    model.save_weights(f"{out}/{name}.weights.h5")
+    np.save(f"{out}/{name}.npy", keras.ops.convert_to_numpy(model(probe, training=False)))
+"""
+
+
+def test_every_registered_model_builds_under_jax_and_loads_under_tensorflow(tmp_path):
+    from train import models
+
+    result = subprocess.run([sys.executable, "-c", BUILD_ALL, str(tmp_path)], cwd=REPO,
+                            env=jax_env(KERAS_BACKEND="jax"), capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    probe = models.probe_batch(5, count=4).astype("float32")
+    for name in models.model_names():
+        model = models.build_model(name, num_classes=10)
+        model.load_weights(str(tmp_path / f"{name}.weights.h5"))
+        np.testing.assert_allclose(model(probe, training=False).numpy(), np.load(tmp_path / f"{name}.npy"), atol=1e-5)
