@@ -1,0 +1,25 @@
+"""What every prediction backend shares: the error it raises, the probe batch, the manifest's facts."""
+
+import numpy as np
+
+from contract import CHANNELS, IMAGE_SIZE
+
+
+class BackendError(Exception):
+    """A prediction that failed; ``status`` is the HTTP code (503: try again later)."""
+
+    def __init__(self, message, status=503):
+        super().__init__(message)
+        self.status = status
+
+
+def probe_batch():
+    """One black image: what ``ready()`` predicts to prove the model answers."""
+    return np.zeros((1, IMAGE_SIZE, IMAGE_SIZE, CHANNELS), np.uint8)
+
+
+def model_facts(manifest):
+    """``(architecture, class_names)`` from a published manifest (a dict); ``None`` for what it lacks."""
+    model = manifest.get("model") or {}
+    names = manifest.get("class_names")
+    return (model.get("name") if isinstance(model, dict) else None), (list(names) if names else None)

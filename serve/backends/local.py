@@ -1,0 +1,202 @@
+"""The exported model in this process: one of :mod:`serve.runtimes` (LiteRT float32 or int8, or the
+SavedModel in TensorFlow), concurrent requests micro-batched, new versions picked up as they appear."""
+
+import logging
+import os
+import threading
+import time
+
+from contract import OUTPUT_PROBABILITIES
+from serve import runtimes, signatures
+from serve.backends.interface import BackendError, model_facts, probe_batch
+
+RELOAD_INTERVAL_S = 5.0  # how often a backend that failed to load tries again
+RETIRE_AFTER_S = 30.0  # how long a replaced version keeps answering requests already sent to it
+
+
+class LocalBackend:
+    """The highest version under ``model_dir`` in one of :mod:`serve.runtimes`, batched by a :class:`serve.batcher.Batcher`.
+
+    ``on_load(runtime, version)`` is called each time a version starts answering.
+    """
+
+    kind = "local"
+
+    def __init__(self, model_dir, name, max_batch=32, batch_wait_ms=2.0, on_batch=None, poll_s=30.0,
+                 runtime=runtimes.DEFAULT_RUNTIME, threads=None, on_load=None):
+        self.model_dir = str(model_dir)
+        self.name = name
+        self.runtime = runtimes.check(runtime)
+        self._threads = threads or None  # None: runtimes.default_threads()
+        self._on_load = on_load
+        self._skipped = set()  # newer versions without this runtime's model, already logged
+        # Like TF Serving's file-system poll: a new version N+1/ replaces the served one.
+        self._poll_s = float(poll_s)
+        self._polled_at = time.monotonic()
+        self._swapping = threading.Lock()
+        self._max_batch = max_batch
+        self._wait_s = batch_wait_ms / 1000.0
+        self._on_batch = on_batch
+        self._lock = threading.Lock()
+        self._state = None  # dict once loaded
+        self._error = None
+        self._tried_at = None
+        # Load in the background: the worker answers /healthz and /readyz (503) meanwhile
+        # instead of leaving connections hanging while the model loads.
+        self._loader = threading.Thread(target=self._load_quietly, name="model-loader", daemon=True)
+        self._loader.start()
+
+    def wait_loaded(self, timeout=None):
+        """Block until the first load attempt has finished (for tests and tools)."""
+        self._loader.join(timeout)
+
+    def _load_quietly(self):
+        try:
+            self._load()
+        except BackendError:
+            pass  # kept in self._error; readyz reports it
+
+    # -- loading -----------------------------------------------------------------------
+    def _load(self, wait=True):
+        if self._state is not None:
+            self._poll_versions()
+            return self._state
+        if not self._lock.acquire(blocking=wait):
+            raise BackendError(f"the model in {self.model_dir} is still loading")
+        try:
+            if self._state is not None:
+                return self._state
+            if self._tried_at is not None and time.monotonic() - self._tried_at < RELOAD_INTERVAL_S:
+                raise BackendError(self._error)
+            self._tried_at = time.monotonic()
+            try:
+                self._state = self._load_unlocked()
+                self._error = None
+                self._loaded(self._state)
+                return self._state
+            except BackendError as e:
+                self._error = str(e)
+            except Exception as e:  # a broken SavedModel must not take the worker down
+                self._error = f"cannot load the model from {self.model_dir}: {type(e).__name__}: {e}"
+            raise BackendError(self._error)
+        finally:
+            self._lock.release()
+
+    def _poll_versions(self):
+        """Start loading a newer version in the background when one has appeared (at most every poll_s)."""
+        now = time.monotonic()
+        if self._poll_s <= 0 or now - self._polled_at < self._poll_s:
+            return
+        self._polled_at = now
+        available = runtimes.versions(self.model_dir, self.runtime)
+        newest = signatures.versions(self.model_dir)
+        if newest and newest[-1] > self._state["version"] and newest[-1] not in available and newest[-1] not in self._skipped:
+            self._skipped.add(newest[-1])
+            reason = runtimes.missing_reason(os.path.join(self.model_dir, str(newest[-1])), self.runtime)
+            logging.getLogger(__name__).warning("not switching to version %s: %s", newest[-1], reason)
+        if available and available[-1] > self._state["version"] and self._swapping.acquire(blocking=False):
+            threading.Thread(target=self._swap, args=(available[-1],), name="model-swap", daemon=True).start()
+
+    def _swap(self, version):
+        try:
+            new_state = self._load_unlocked(version)
+        except Exception as e:  # keep serving the version we have; try again at the next poll
+            logging.getLogger(__name__).warning("not switching to version %s: %s", version, e)
+            return
+        finally:
+            self._swapping.release()
+        old_state, self._state = self._state, new_state
+        self._loaded(new_state)
+        logging.getLogger(__name__).info("now serving version %s (was %s)", version, old_state["version"])
+        # Requests that already hold the old state finish on it; then its batcher thread ends.
+        retire = threading.Timer(RETIRE_AFTER_S, old_state["batcher"].close)
+        retire.daemon = True  # never hold up a worker's shutdown
+        retire.start()
+
+    def _load_unlocked(self, version=None):
+        available = runtimes.versions(self.model_dir, self.runtime)
+        if not available:
+            saved = signatures.versions(self.model_dir)
+            if saved:  # versions there are, but none this runtime can serve: say why
+                raise BackendError(runtimes.missing_reason(os.path.join(self.model_dir, str(saved[-1])), self.runtime))
+            raise BackendError(f"no model versions (directories N/ with a saved_model.pb) under {self.model_dir}")
+        version = version or available[-1]
+        path = os.path.join(self.model_dir, str(version))
+        model = runtimes.load(self.runtime, path, self._threads)
+        architecture, class_names = model_facts(signatures.read_manifest(path))
+        batcher = _make_batcher(model.pixels, self._max_batch, self._wait_s, self._on_batch)
+        return {
+            "version": version,
+            "model": model,
+            "batcher": batcher,
+            "signature_defs": model.signature_defs,
+            "architecture": architecture,
+            "class_names": class_names,
+        }
+
+    def _loaded(self, state):
+        if self._on_load is not None:
+            try:
+                self._on_load(self.runtime, state["version"])
+            except Exception:  # metrics must never stop a model from serving
+                logging.getLogger(__name__).exception("on_load hook failed")
+
+    @property
+    def batch_sizes(self):
+        """How many batches of each size the model ran (empty until loaded)."""
+        return self._state["batcher"].batch_sizes if self._state else {}
+
+    # -- the interface -----------------------------------------------------------------
+    def predict(self, images):
+        state = self._load()
+        try:
+            return state["batcher"].submit(images)
+        except Exception as e:
+            raise BackendError(f"prediction failed: {type(e).__name__}: {e}", 500) from e
+
+    def run(self, signature_name, inputs, version=None):
+        state = self._load()
+        self._check_version(state, version)
+        if signature_name not in state["signature_defs"]:
+            raise BackendError(f"signature {signature_name!r} not found; this model has {sorted(state['signature_defs'])}", 400)
+        try:
+            signatures.check_inputs(signature_name, state["signature_defs"][signature_name], inputs)
+        except ValueError as e:
+            raise BackendError(str(e), 400) from None
+        try:
+            return state["model"].call(signature_name, inputs, self.predict)
+        except runtimes.InputError as e:
+            raise BackendError(str(e), 400) from None
+
+    def ready(self):
+        state = self._load(wait=False)
+        outputs = self.predict(probe_batch())
+        if outputs[OUTPUT_PROBABILITIES].shape[0] != 1:
+            raise BackendError("the probe prediction returned the wrong batch size")
+        return state["version"]
+
+    def metadata(self):
+        state = self._load()
+        return {
+            "name": self.name,
+            "version": state["version"],
+            "versions": [state["version"]],
+            "architecture": state["architecture"],
+            "class_names": state["class_names"],
+            "signature_defs": state["signature_defs"],
+            "runtime": self.runtime,
+        }
+
+    def close(self):
+        if self._state:
+            self._state["batcher"].close()
+
+    def _check_version(self, state, version):
+        if version is not None and int(version) != state["version"]:
+            raise BackendError(f"model {self.name!r} version {version} is not loaded (serving {state['version']})", 404)
+
+
+def _make_batcher(fn, max_batch, wait_s, on_batch):
+    from serve.batcher import Batcher
+
+    return Batcher(fn, max_batch=max_batch, max_wait_s=wait_s, on_batch=on_batch)

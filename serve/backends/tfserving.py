@@ -1,0 +1,271 @@
+"""TF Serving as the backend: its REST API or its gRPC ``PredictionService``, with what the two share."""
+
+import os
+import threading
+import time
+
+import numpy as np
+
+from contract import INPUT_PIXELS, OUTPUT_CLASS_IDS, OUTPUT_CLASS_NAMES, OUTPUT_PROBABILITIES, SIGNATURE_PIXELS
+from serve import settings, signatures, tensors
+from serve.backends.interface import BackendError, model_facts, probe_batch
+
+METADATA_TTL_S = 30.0  # how long a TF Serving backend trusts the metadata it fetched
+
+
+class _RemoteBackend:
+    """What the two TF Serving backends share: cached metadata, the manifest, the probe, and
+    requests split into batches of at most ``max_batch`` rows (0: never split).
+
+    TF Serving with ``--enable_batching`` refuses a request larger than its ``max_batch_size``
+    (``deploy/batching.config``: 128) with INVALID_ARGUMENT, so a bigger request is sent as
+    several, one after the other, and the answers are put back together in order.
+    """
+
+    def __init__(self, name, timeout_s, model_dir=None, on_batch=None, max_batch=settings.DEFAULT_TFSERVING_MAX_BATCH):
+        self.name = name
+        self.timeout_s = float(timeout_s)
+        self.max_batch = int(max_batch or 0)
+        self._on_batch = on_batch
+        self._meta = None
+        self._meta_at = 0.0
+        self._lock = threading.Lock()
+        # TF Serving does not expose assets.extra; read the manifest where the files are at hand.
+        self._architecture, self._class_names = None, None
+        if model_dir:
+            available = signatures.versions(model_dir)
+            if available:
+                manifest = signatures.read_manifest(os.path.join(str(model_dir), str(available[-1])))
+                self._architecture, self._class_names = model_facts(manifest)
+
+    def metadata(self):
+        with self._lock:
+            if self._meta is not None and time.monotonic() - self._meta_at < METADATA_TTL_S:
+                return self._meta
+        signature_defs, versions = self._fetch_metadata()
+        meta = {
+            "name": self.name,
+            "version": max(versions) if versions else None,
+            "versions": sorted(versions),
+            "architecture": self._architecture,
+            "class_names": self._class_names,
+            "signature_defs": signature_defs,
+        }
+        with self._lock:
+            self._meta, self._meta_at = meta, time.monotonic()
+        return meta
+
+    def predict(self, images):
+        outputs = self.run(SIGNATURE_PIXELS, {INPUT_PIXELS: images})
+        if self._on_batch is not None:
+            step = self.max_batch or len(images) or 1
+            for start in range(0, len(images), step):
+                self._on_batch(min(step, len(images) - start))
+        return outputs
+
+    def run(self, signature_name, inputs, version=None):
+        """One TF Serving call per ``max_batch`` rows; the outputs concatenated in order."""
+        chunks = _split(inputs, self.max_batch)
+        if len(chunks) == 1:
+            return self._run_once(signature_name, chunks[0], version)
+        parts = [self._run_once(signature_name, chunk, version) for chunk in chunks]
+        outputs = {}
+        for key in parts[0]:
+            arrays = [np.asarray(part[key]) for part in parts]
+            if any(a.ndim == 0 for a in arrays):
+                raise BackendError(f"output {key!r} has no batch dimension; send at most {self.max_batch} rows", 400)
+            outputs[key] = np.concatenate(arrays)
+        return outputs
+
+    def ready(self):
+        meta = self.metadata()
+        outputs = self.run(SIGNATURE_PIXELS, {INPUT_PIXELS: probe_batch()})
+        if np.asarray(outputs[OUTPUT_PROBABILITIES]).shape[0] != 1:
+            raise BackendError("the probe prediction returned the wrong batch size")
+        return meta["version"]
+
+    def _output_dtypes(self, signature_name):
+        try:
+            sig = self.metadata()["signature_defs"].get(signature_name, {})
+        except BackendError:
+            sig = {}
+        dtypes = signatures.output_dtypes(sig)
+        dtypes.setdefault(OUTPUT_PROBABILITIES, np.float32)
+        dtypes.setdefault(OUTPUT_CLASS_IDS, np.int64)
+        dtypes.setdefault(OUTPUT_CLASS_NAMES, object)
+        return dtypes
+
+    def close(self):
+        pass
+
+
+class TFServingRestBackend(_RemoteBackend):
+    """TF Serving's REST API at ``url`` (``http://host:8501``), through one ``requests.Session``."""
+
+    kind = "tfserving-rest"
+
+    def __init__(self, url, name, timeout_s=5.0, model_dir=None, on_batch=None, max_batch=settings.DEFAULT_TFSERVING_MAX_BATCH):
+        import requests
+
+        super().__init__(name, timeout_s, model_dir, on_batch, max_batch)
+        self.url = url.rstrip("/")
+        self._session = requests.Session()
+
+    def _request(self, method, path, body=None):
+        import requests
+
+        url = f"{self.url}/v1/models/{self.name}{path}"
+        for attempt in (1, 2):
+            try:
+                response = self._session.request(method, url, json=body, timeout=self.timeout_s)
+                break
+            except requests.Timeout:
+                raise BackendError(f"TF Serving at {self.url} did not answer within {self.timeout_s:g} s") from None
+            except requests.ConnectionError as e:
+                # A pooled connection may be stale after TF Serving restarted: retry once on a fresh one.
+                if attempt == 2:
+                    raise BackendError(f"TF Serving at {self.url} is unreachable ({type(e).__name__})") from None
+        try:
+            payload = response.json()
+        except ValueError:
+            payload = {"error": response.text[:200]}
+        if response.status_code >= 400:
+            status = response.status_code if response.status_code in (400, 404) else 503
+            raise BackendError(f"TF Serving: {payload.get('error', response.reason)}", status)
+        return payload
+
+    def _fetch_metadata(self):
+        status = self._request("GET", "")
+        versions = [
+            int(v["version"]) for v in status.get("model_version_status", []) if v.get("state") == "AVAILABLE"
+        ]
+        meta = self._request("GET", "/metadata")
+        defs = meta.get("metadata", {}).get("signature_def", {}).get("signature_def", {})
+        return {k: v for k, v in defs.items() if k != signatures.INIT_OP}, versions
+
+    def _run_once(self, signature_name, inputs, version=None):
+        body = {"signature_name": signature_name, "inputs": {k: _to_json(v) for k, v in inputs.items()}}
+        path = f"/versions/{int(version)}:predict" if version is not None else ":predict"
+        payload = self._request("POST", path, body)
+        outputs = payload.get("outputs")
+        dtypes = self._output_dtypes(signature_name)
+        if not isinstance(outputs, dict):  # a single-output signature comes back bare
+            (only,) = dtypes or (OUTPUT_PROBABILITIES,)
+            outputs = {only: outputs}
+        return {key: _from_json(value, dtypes.get(key)) for key, value in outputs.items()}
+
+
+def _split(inputs, max_batch):
+    """``inputs`` as a list of dicts of at most ``max_batch`` rows each (one dict when it fits).
+
+    Only inputs that all share their first dimension are split: anything else goes as it came,
+    and TF Serving says what is wrong with it.
+    """
+    sizes = {np.shape(value)[0] if np.ndim(value) else None for value in inputs.values()}
+    if not max_batch or len(sizes) != 1 or None in sizes or next(iter(sizes)) <= max_batch:
+        return [inputs]
+    (rows,) = sizes
+    return [{key: value[start : start + max_batch] for key, value in inputs.items()} for start in range(0, rows, max_batch)]
+
+
+def _to_json(array):
+    if array.dtype == object:
+        return _b64_tree(array.tolist())
+    return array.tolist()
+
+
+def _b64_tree(value):
+    import base64
+
+    if isinstance(value, list):
+        return [_b64_tree(v) for v in value]
+    if isinstance(value, str):
+        value = value.encode()
+    return {"b64": base64.b64encode(value).decode("ascii")}
+
+
+def _from_json(value, dtype):
+    if dtype is object:
+        return np.array(_bytes_tree(value), dtype=object)
+    return np.asarray(value, dtype=dtype)
+
+
+def _bytes_tree(value):
+    import base64
+
+    if isinstance(value, list):
+        return [_bytes_tree(v) for v in value]
+    if isinstance(value, dict) and "b64" in value:
+        return base64.b64decode(value["b64"])
+    return value.encode() if isinstance(value, str) else value
+
+
+class TFServingGrpcBackend(_RemoteBackend):
+    """TF Serving's gRPC ``PredictionService`` at ``target`` (``host:8500``): one channel, deadlines."""
+
+    kind = "tfserving-grpc"
+
+    def __init__(self, target, name, timeout_s=5.0, model_dir=None, on_batch=None, max_batch=settings.DEFAULT_TFSERVING_MAX_BATCH):
+        import grpc
+        from client.protos.tensorflow_serving.apis import prediction_service_pb2_grpc
+
+        super().__init__(name, timeout_s, model_dir, on_batch, max_batch)
+        self.target = target
+        # Short reconnect back-off, so the server notices a restarted TF Serving quickly.
+        self._channel = grpc.insecure_channel(
+            target,
+            options=[
+                ("grpc.initial_reconnect_backoff_ms", 200),
+                ("grpc.min_reconnect_backoff_ms", 200),
+                ("grpc.max_reconnect_backoff_ms", 1000),
+                ("grpc.max_receive_message_length", 64 * 1024 * 1024),
+                ("grpc.max_send_message_length", 64 * 1024 * 1024),
+            ],
+        )
+        self._stub = prediction_service_pb2_grpc.PredictionServiceStub(self._channel)
+
+    def _call(self, method, request):
+        import grpc
+
+        try:
+            return getattr(self._stub, method)(request, timeout=self.timeout_s)
+        except grpc.RpcError as e:
+            code = e.code() if hasattr(e, "code") else None
+            details = e.details() if hasattr(e, "details") else str(e)
+            if code in (grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.FAILED_PRECONDITION):
+                raise BackendError(f"TF Serving: {details}", 400) from None
+            if code == grpc.StatusCode.NOT_FOUND:
+                raise BackendError(f"TF Serving: {details}", 404) from None
+            if code == grpc.StatusCode.DEADLINE_EXCEEDED:
+                raise BackendError(f"TF Serving at {self.target} did not answer within {self.timeout_s:g} s") from None
+            name = code.name if code is not None else "error"
+            raise BackendError(f"TF Serving at {self.target} is unavailable ({name}: {details})") from None
+
+    def _fetch_metadata(self):
+        from client.protos.tensorflow.core.protobuf import meta_graph_pb2  # noqa: F401  (SignatureDef, for Unpack)
+        from client.protos.tensorflow_serving.apis import get_model_metadata_pb2
+
+        request = get_model_metadata_pb2.GetModelMetadataRequest()
+        request.model_spec.name = self.name
+        request.metadata_field.append("signature_def")
+        response = self._call("GetModelMetadata", request)
+        defs = get_model_metadata_pb2.SignatureDefMap()
+        response.metadata["signature_def"].Unpack(defs)
+        version = response.model_spec.version.value
+        return signatures.signature_def_map_json(defs), ([version] if version else [])
+
+    def _run_once(self, signature_name, inputs, version=None):
+        from client.protos.tensorflow_serving.apis import predict_pb2
+
+        request = predict_pb2.PredictRequest()
+        request.model_spec.name = self.name
+        request.model_spec.signature_name = signature_name
+        if version is not None:
+            request.model_spec.version.value = int(version)
+        for key, value in inputs.items():
+            request.inputs[key].CopyFrom(tensors.to_proto(value))
+        response = self._call("Predict", request)
+        return {key: tensors.to_array(tensor) for key, tensor in response.outputs.items()}
+
+    def close(self):
+        self._channel.close()
