@@ -23,7 +23,7 @@ from contract import (
     WARMUP_FILE,
     WEIGHTS_FILE,
 )
-from export import exporter
+from export import exporter, savedmodel
 
 TOLERANCE = 1e-5
 
@@ -119,7 +119,7 @@ def test_signatures_use_the_contract_names_dtypes_and_shapes(version_dir, manife
         OUTPUT_CLASS_NAMES: ("string", [-1]),
         OUTPUT_PROBABILITIES: ("float32", [-1, classes]),
     }
-    assert exporter.read_signatures(str(version_dir)) == {
+    assert savedmodel.read_signatures(str(version_dir)) == {
         SIGNATURE_BYTES: {"inputs": {INPUT_BYTES: ("string", [-1])}, "outputs": outputs},
         SIGNATURE_PIXELS: {"inputs": {INPUT_PIXELS: ("uint8", [-1, 32, 32, 3])}, "outputs": outputs},
     }

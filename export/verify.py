@@ -1,0 +1,124 @@
+"""Proof that an export holds the trained model: the rebuilt model reproduces the manifest's
+fingerprint, and the written SavedModel, reloaded without Keras, agrees with it on both signatures."""
+
+import re
+import warnings
+
+from contract import (
+    INPUT_BYTES,
+    INPUT_PIXELS,
+    OUTPUT_CLASS_IDS,
+    OUTPUT_CLASS_NAMES,
+    OUTPUT_PROBABILITIES,
+    OUTPUTS,
+    SIGNATURE_BYTES,
+    SIGNATURE_PIXELS,
+    WEIGHTS_FILE,
+    sha256_file,
+)
+from export import ExportError
+from export.savedmodel import read_signatures
+
+TOLERANCE = 1e-5  # max absolute difference allowed between probabilities, float32
+
+
+def rebuild(manifest, weights_path):
+    """The trained architecture from the registry, with the run's weights loaded."""
+    import tensorflow as tf
+
+    from train import models
+
+    spec = manifest["model"]
+    try:
+        # One device: tests (and multi-GPU hosts) may have several, and export needs none of them.
+        with tf.distribute.OneDeviceStrategy("/cpu:0").scope():
+            model = models.build_model(spec["name"], manifest["num_classes"], **spec.get("kwargs", {}))
+    except ValueError as exc:
+        raise ExportError(str(exc)) from None
+    try:
+        # Keras warns about parts of the file it skips; the error below (or the fingerprint
+        # check) already says so, on the one line a user reads.
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            model.load_weights(weights_path)
+    except Exception as exc:  # h5py and Keras raise many types for a bad file; all mean the same here
+        raise ExportError(f"cannot load {weights_path} into {spec['name']} with "
+                          f"{manifest['num_classes']} classes: {_load_error(exc)}") from None
+    return model
+
+
+def _load_error(exc):
+    """The useful part of Keras's multi-paragraph load_weights error, on one line."""
+    text = " ".join(str(exc).split())
+    found = re.search(r"object <\w+ name=([^ ,>]+)[^>]*>: (.*)", text)
+    if found:
+        layer, detail = found.groups()
+        shapes = re.search(r"variable\.shape=(\([^)]*\)), Received: value\.shape=(\([^)]*\))", detail)
+        if shapes:
+            return f"layer {layer!r} has shape {shapes[1]} but the file holds {shapes[2]}"
+        # e.g. "Layer 'input_bn' expected 4 variables, but received 0 variables during loading"
+        return detail.split(". ")[0]
+    return text[:200] or type(exc).__name__
+
+
+def probe_inputs(manifest):
+    import numpy as np
+
+    from train import models
+
+    fingerprint = manifest["fingerprint"]
+    probe = models.probe_batch(fingerprint["seed"], count=fingerprint["shape"][0])
+    recorded = fingerprint.get("inputs_sha256")
+    # The probe is regenerated from its seed; if NumPy ever changed the stream, comparing
+    # outputs would blame the weights for what the inputs did.
+    if recorded and models.probe_digest(probe) != recorded:
+        raise ExportError("the probe batch regenerated from the manifest's seed differs from the one "
+                          "training used (inputs_sha256 mismatch); cannot verify the weights")
+    return np.asarray(probe, dtype=np.uint8)
+
+
+def check_fingerprint(manifest, outputs, weights_path):
+    import numpy as np
+
+    recorded = np.asarray(manifest["fingerprint"]["outputs"], dtype=np.float32)
+    if recorded.shape != outputs.shape:
+        raise ExportError(f"model outputs have shape {list(outputs.shape)} on the probe batch but the "
+                          f"manifest recorded {list(recorded.shape)}")
+    diff = float(np.max(np.abs(outputs.astype(np.float32) - recorded)))
+    if not diff <= TOLERANCE:  # also catches NaN
+        hint = ""
+        if manifest.get("weights", {}).get("sha256") not in (None, sha256_file(weights_path)):
+            hint = f"; {WEIGHTS_FILE} is not the file the manifest describes (sha256 differs)"
+        raise ExportError(f"rebuilt model does not reproduce the manifest's probe outputs: max absolute "
+                          f"difference {diff:.3g} > {TOLERANCE:g}{hint}")
+
+
+def verify_saved_model(path, probe, expected, class_names):
+    """Reload ``path`` without Keras and check both signatures; return their summary."""
+    import numpy as np
+    import tensorflow as tf
+
+    loaded = tf.saved_model.load(path)
+    pngs = tf.stack([tf.io.encode_png(image) for image in probe])  # lossless, so identical pixels
+    calls = {
+        SIGNATURE_PIXELS: (INPUT_PIXELS, tf.constant(probe)),
+        SIGNATURE_BYTES: (INPUT_BYTES, pngs),
+    }
+    want_ids = np.argmax(expected, axis=-1)
+    want_names = [class_names[i] for i in want_ids]
+    for signature, (key, value) in calls.items():
+        if signature not in loaded.signatures:
+            raise ExportError(f"written SavedModel lacks signature {signature!r}")
+        result = loaded.signatures[signature](**{key: value})
+        if sorted(result) != sorted(OUTPUTS):
+            raise ExportError(f"signature {signature!r} returns {sorted(result)}, expected {sorted(OUTPUTS)}")
+        diff = float(np.max(np.abs(result[OUTPUT_PROBABILITIES].numpy() - expected)))
+        if not diff <= TOLERANCE:
+            raise ExportError(f"reloaded signature {signature!r} disagrees with the Keras model: "
+                              f"max absolute difference {diff:.3g} > {TOLERANCE:g}")
+        if not np.array_equal(result[OUTPUT_CLASS_IDS].numpy(), want_ids):
+            raise ExportError(f"reloaded signature {signature!r} returns other class ids than the Keras model")
+        got_names = [n.decode() for n in result[OUTPUT_CLASS_NAMES].numpy()]
+        if got_names != want_names:
+            raise ExportError(f"reloaded signature {signature!r} returns other class names than the manifest's")
+    return read_signatures(path)
