@@ -172,6 +172,9 @@ def test_every_route_answers_on_each_runtime(runtime_app, trained_run):
     bad = client.post("/v1/models/cifar10:predict", json={
         "signature_name": contract.SIGNATURE_BYTES, "instances": [{"b64": base64.b64encode(b"not an image").decode()}]})
     assert bad.status_code == 400 and bad.get_json()["error"]
+    empty = client.post("/v1/models/cifar10:predict", json={"signature_name": contract.SIGNATURE_BYTES, "inputs": []})
+    assert empty.status_code == 200
+    assert empty.get_json()["outputs"] == {"probabilities": [], "class_ids": [], "class_names": []}
 
     metrics = client.get("/metrics").get_data(as_text=True)
     assert f'serve_model{{runtime="{runtime}",version="1"}} 1.0' in metrics
