@@ -1,0 +1,62 @@
+"""The Open Inference Protocol's inference response: output tensors as JSON or binary tensor data,
+and the classification extension's top-k strings."""
+
+import struct
+
+import numpy as np
+
+from contract import OUTPUT_CLASS_IDS, OUTPUT_CLASS_NAMES, OUTPUT_PROBABILITIES
+from serve import classify as cls
+
+_LITTLE_ENDIAN = {"FP32": "<f4", "INT64": "<i8"}
+
+
+def output_tensors(meta, outputs):
+    """``{output name: (datatype, array)}`` from the backend's answer."""
+    probabilities = np.asarray(outputs[OUTPUT_PROBABILITIES], np.float32)
+    if OUTPUT_CLASS_IDS in outputs:
+        class_ids = np.asarray(outputs[OUTPUT_CLASS_IDS], np.int64)
+    else:
+        class_ids = np.argmax(probabilities, axis=1).astype(np.int64)
+    if OUTPUT_CLASS_NAMES in outputs:
+        class_names = np.asarray(outputs[OUTPUT_CLASS_NAMES], dtype=object)
+    else:
+        names = cls._class_names(meta, outputs, probabilities.shape[1])
+        class_names = np.array([names[c].encode() for c in class_ids.tolist()], dtype=object)
+    return {
+        OUTPUT_PROBABILITIES: ("FP32", probabilities),
+        OUTPUT_CLASS_IDS: ("INT64", class_ids),
+        OUTPUT_CLASS_NAMES: ("BYTES", class_names),
+    }
+
+
+def classification(meta, outputs, tensors, k):
+    """The classification extension: BYTES ``[N, k]`` of ``"<probability>:<class id>:<label>"``, best first."""
+    probabilities = tensors[OUTPUT_PROBABILITIES][1]
+    names = cls._class_names(meta, outputs, probabilities.shape[1])
+    k = min(k, probabilities.shape[1])
+    order = np.argsort(-probabilities, axis=1, kind="stable")[:, :k]
+    values = cls.float32_list(np.take_along_axis(probabilities, order, axis=1))
+    rows = [
+        [f"{p}:{c}:{names[c]}".encode() for p, c in zip(row_values, row_ids)]
+        for row_values, row_ids in zip(values, order.tolist())
+    ]
+    return np.array(rows, dtype=object).reshape(len(rows), k)
+
+
+def to_json(datatype, array):
+    if datatype == "FP32":
+        return cls.float32_list(array.ravel())
+    if datatype == "BYTES":
+        return [v.decode("utf-8", "replace") if isinstance(v, bytes) else str(v) for v in array.ravel().tolist()]
+    return array.ravel().tolist()
+
+
+def to_binary(datatype, array):
+    if datatype == "BYTES":
+        parts = []
+        for value in array.ravel().tolist():
+            value = value if isinstance(value, bytes) else str(value).encode()
+            parts += [struct.pack("<I", len(value)), value]
+        return b"".join(parts)
+    return np.ascontiguousarray(array, _LITTLE_ENDIAN[datatype]).tobytes()
