@@ -68,15 +68,18 @@ def main(argv=None):
     p.add_argument("--epochs", type=int, default=3, help="per run; at least 2 (the first is reported apart)")
     p.add_argument("--repeats", type=int, default=2, help="runs per backend, interleaved")
     p.add_argument("--precision", default="auto")
-    p.add_argument("--train-images", type=int, help="train on the first N training images only (faster; speed only)")
+    p.add_argument("--train-images", type=int, help="train on a random N of the training images (faster)")
     p.add_argument("--out", default="bench/results/backends.json")
     args = p.parse_args(argv)
 
     work = tempfile.mkdtemp(prefix="bench-backends-")
     source = os.path.join(work, "cifar-10-binary.tar.gz")
     splits = data.load(args.data)
-    if args.train_images:
-        splits.x_train, splits.y_train = splits.x_train[: args.train_images], splits.y_train[: args.train_images]
+    if args.train_images:  # a seeded random subset: the loaders return the images class by class
+        import numpy as np
+
+        keep = np.random.default_rng(0).permutation(len(splits.x_train))[: args.train_images]
+        splits.x_train, splits.y_train = splits.x_train[keep], splits.y_train[keep]
     write_binary(splits, source)
     rows = {"jax": [], "tensorflow": []}
     for repeat in range(args.repeats):
