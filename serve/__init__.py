@@ -21,7 +21,7 @@ JSON_PREFIXES = ("/api/", "/v1/", "/v2")
 
 def create_app(config=None, backend=None):
     """Build the app: defaults from the environment, then ``config``; ``backend`` replaces the configured one."""
-    from serve import api, backends, health, metrics, settings, tfserving_api, v2_api, web
+    from serve import api, backends, classify, health, metrics, settings, tfserving_api, v2_api, web
 
     app = Flask(__name__)
     app.config.update(settings.from_environ())
@@ -45,6 +45,8 @@ def create_app(config=None, backend=None):
             app.config, on_batch=app_metrics.batch_size.observe, on_load=app_metrics.model_loaded
         )
     app.extensions["serve.backend"] = backend
+    # The core of / and /api/v1/predict, given what it needs instead of reaching into the app.
+    app.extensions["serve.classifier"] = classify.Classifier(backend, app.config["MAX_PIXELS"], app_metrics.images.inc)
 
     for blueprint in (web.bp, api.bp, tfserving_api.bp, v2_api.bp, health.bp):
         app.register_blueprint(blueprint)

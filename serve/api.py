@@ -5,20 +5,19 @@ import binascii
 
 from flask import Blueprint, current_app, jsonify, request
 
-from serve import classify as cls
-from serve import bodies, signatures, uploads
-from serve.backends import BackendError
+from serve import bodies, classify, signatures, uploads
+from serve.errors import ServeError
 
 bp = Blueprint("api", __name__, url_prefix="/api/v1")
 
 
 def _uploads():
-    """``([(filename, bytes or error message)], top_k field)`` from multipart files or JSON instances."""
+    """``([classify.Upload], top_k field)`` from multipart files or JSON instances."""
     if uploads.is_multipart():
         fields, files = uploads.parse()
         if not files:
             raise ValueError('the multipart/form-data body has no file parts (send images in a field such as "file")')
-        return [(filename or name, data) for name, filename, data in files], fields.get("top_k")
+        return [classify.Upload(filename or name, data) for name, filename, data in files], fields.get("top_k")
     if request.mimetype == "application/json" or (request.data[:1] in (b"{", b"[")):
         body = bodies.request_json()
         instances = body.get("instances") if isinstance(body, dict) else None
@@ -28,12 +27,12 @@ def _uploads():
         for instance in instances:
             encoded = instance.get("b64") if isinstance(instance, dict) else None
             if not isinstance(encoded, str):
-                images.append((None, 'is not {"b64": "<base64 image>"}'))
+                images.append(classify.Upload(error='is not {"b64": "<base64 image>"}'))
                 continue
             try:
-                images.append((None, base64.b64decode(encoded, validate=True)))
+                images.append(classify.Upload(data=base64.b64decode(encoded, validate=True)))
             except (binascii.Error, ValueError):
-                images.append((None, "is not valid base64"))
+                images.append(classify.Upload(error="is not valid base64"))
         return images, None
     raise ValueError('send images as multipart/form-data (field "file") or JSON {"instances": [{"b64": ...}]}')
 
@@ -42,16 +41,16 @@ def _uploads():
 def predict():
     try:
         images, form_top_k = _uploads()
-        top_k = cls.parse_top_k(request.args.get("top_k") or form_top_k, current_app.config["TOP_K"])
-    except uploads.UploadError as e:
+        top_k = classify.parse_top_k(request.args.get("top_k") or form_top_k, current_app.config["TOP_K"])
+    except ServeError as e:
         return jsonify(error=str(e)), e.status
     except ValueError as e:
         return jsonify(error=str(e)), 400
     try:
-        meta, slots = cls.classify(images, top_k)
-    except BackendError as e:
+        meta, slots = current_app.extensions["serve.classifier"].classify(images, top_k)
+    except ServeError as e:
         return jsonify(error=str(e)), e.status
-    body = {"model": cls.model_info(meta), "predictions": [cls.public(s) for s in slots]}
+    body = {"model": classify.model_info(meta), "predictions": [classify.public(s) for s in slots]}
     bad = [s for s in slots if "error" in s]
     if bad and len(bad) == len(slots):
         body["error"] = "; ".join(s["error"] for s in bad)
@@ -61,9 +60,10 @@ def predict():
 
 @bp.get("/model")
 def model():
+    backend = current_app.extensions["serve.backend"]
     try:
-        meta = cls.backend().metadata()
-    except BackendError as e:
+        meta = backend.metadata()
+    except ServeError as e:
         return jsonify(error=str(e)), e.status
     return jsonify(
         name=meta["name"],
@@ -72,6 +72,6 @@ def model():
         architecture=meta["architecture"],
         class_names=meta["class_names"],
         signatures=signatures.summary(meta["signature_defs"]),
-        backend=cls.backend().kind,
+        backend=backend.kind,
         runtime=meta.get("runtime"),
     )

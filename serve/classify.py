@@ -1,13 +1,26 @@
-"""From uploaded bytes to labelled predictions: what the web form and /api/v1/predict share."""
+"""From uploaded bytes to labelled predictions: the core that the web form and ``/api/v1/predict`` share.
+
+No Flask here: a :class:`Classifier` is given its backend, the pixel limit and a counter of the
+images that reach the model, so it runs (and is tested) without an app. ``create_app`` makes
+one per app, in ``app.extensions["serve.classifier"]``.
+"""
+
+import dataclasses
 
 import numpy as np
-from flask import current_app
 
 from contract import OUTPUT_CLASS_IDS, OUTPUT_CLASS_NAMES, OUTPUT_PROBABILITIES
-from serve import images as imaging
+from serve import images
+from serve.errors import ServeError
 
-def backend():
-    return current_app.extensions["serve.backend"]
+
+@dataclasses.dataclass(frozen=True)
+class Upload:
+    """One image of a request: its bytes, or ``error``, why the request's encoding of it could not be read."""
+
+    filename: str = None
+    data: bytes = b""
+    error: str = None  # e.g. "is not valid base64": the image is answered with a 400
 
 
 def float32_list(array):
@@ -32,53 +45,63 @@ def parse_top_k(value, default):
     return top_k
 
 
-def classify(uploads, top_k):
-    """Classify ``uploads``, a list of ``(filename or None, bytes or an error message)``.
+class Classifier:
+    """Classifies uploads on ``backend``; ``on_images(n)`` is told how many images reached the model."""
 
-    Returns ``(meta, slots)``: the backend's metadata and one dict per upload, either a
-    prediction (``filename``, ``label``, ``class_id``, ``probability``, ``top_k``; plus
-    ``format`` and ``data`` for the page) or an error (``filename``, ``error``, ``status``).
-    Raises ``BackendError`` when the backend cannot answer at all.
-    """
-    meta = backend().metadata()
-    slots, good, pixels = [], [], []
-    datas = [data for _, data in uploads if not isinstance(data, str)]
-    decoded = iter(imaging.decode_many(datas, current_app.config["MAX_PIXELS"]))
-    for index, (filename, data) in enumerate(uploads):
-        who = repr(filename) if filename else f"instance {index}"
-        if isinstance(data, str):  # the caller already found it unusable (bad base64)
-            slots.append({"filename": filename, "error": f"{who}: {data}", "status": 400})
-            continue
-        result = next(decoded)
-        if isinstance(result, imaging.ImageError):
-            slots.append({"filename": filename, "error": f"{who} {result}", "status": result.status})
-            continue
-        array, fmt = result
-        slots.append({"filename": filename, "format": fmt, "data": data})
-        good.append(index)
-        pixels.append(array)
-    if not good:
+    def __init__(self, backend, max_pixels=images.DEFAULT_MAX_PIXELS, on_images=None):
+        self.backend = backend
+        self.max_pixels = max_pixels
+        self._on_images = on_images
+
+    def classify(self, uploads, top_k):
+        """Classify ``uploads``, a list of :class:`Upload`.
+
+        Returns ``(meta, slots)``: the backend's metadata and one dict per upload, either a
+        prediction (``filename``, ``label``, ``class_id``, ``probability``, ``top_k``; plus
+        ``format`` and ``data`` for the page) or an error (``filename``, ``error``, ``status``).
+        Raises :class:`ServeError` when the backend cannot answer at all.
+        """
+        meta = self.backend.metadata()
+        slots, good, pixels = [], [], []
+        decoded = iter(images.decode_many([u.data for u in uploads if u.error is None], self.max_pixels))
+        for index, upload in enumerate(uploads):
+            who = repr(upload.filename) if upload.filename else f"instance {index}"
+            if upload.error is not None:  # the caller already found it unusable (bad base64)
+                slots.append({"filename": upload.filename, "error": f"{who}: {upload.error}", "status": 400})
+                continue
+            result = next(decoded)
+            if isinstance(result, ServeError):
+                slots.append({"filename": upload.filename, "error": f"{who} {result}", "status": result.status})
+                continue
+            array, fmt = result
+            slots.append({"filename": upload.filename, "format": fmt, "data": upload.data})
+            good.append(index)
+            pixels.append(array)
+        if not good:
+            return meta, slots
+        outputs = self.backend.predict(np.stack(pixels))
+        if self._on_images is not None:
+            self._on_images(len(good))
+        probabilities = np.asarray(outputs[OUTPUT_PROBABILITIES])
+        names = label_names(meta, outputs, probabilities.shape[1])
+        k = min(top_k, probabilities.shape[1])
+        order = np.argsort(-probabilities, axis=1, kind="stable")[:, :k]
+        # One conversion for the whole batch, not one per image: it is most of the per-image cost here.
+        top_probabilities = float32_list(np.take_along_axis(probabilities, order, axis=1))
+        for row, index in enumerate(good):
+            ranked = [
+                {"label": names[c], "class_id": c, "probability": p}
+                for c, p in zip(order[row].tolist(), top_probabilities[row])
+            ]
+            slots[index].update(
+                label=ranked[0]["label"], class_id=ranked[0]["class_id"], probability=ranked[0]["probability"],
+                top_k=ranked,
+            )
         return meta, slots
-    outputs = backend().predict(np.stack(pixels))
-    current_app.extensions["serve.metrics"].images.inc(len(good))
-    probabilities = np.asarray(outputs[OUTPUT_PROBABILITIES])
-    names = _class_names(meta, outputs, probabilities.shape[1])
-    k = min(top_k, probabilities.shape[1])
-    order = np.argsort(-probabilities, axis=1, kind="stable")[:, :k]
-    # One conversion for the whole batch, not one per image: it is most of the per-image cost here.
-    top_probabilities = float32_list(np.take_along_axis(probabilities, order, axis=1))
-    for row, index in enumerate(good):
-        ranked = [
-            {"label": names[c], "class_id": c, "probability": p}
-            for c, p in zip(order[row].tolist(), top_probabilities[row])
-        ]
-        slots[index].update(
-            label=ranked[0]["label"], class_id=ranked[0]["class_id"], probability=ranked[0]["probability"], top_k=ranked
-        )
-    return meta, slots
 
 
-def _class_names(meta, outputs, num_classes):
+def label_names(meta, outputs, num_classes):
+    """The name of each class id: the manifest's, else what the model answered, else ``class_N``."""
     names = meta.get("class_names")
     if names and len(names) == num_classes:
         return list(names)

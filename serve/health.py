@@ -2,7 +2,7 @@
 
 from flask import Blueprint, Response, current_app, jsonify
 
-from serve.backends import BackendError
+from serve.errors import ServeError
 
 bp = Blueprint("health", __name__)
 
@@ -17,7 +17,7 @@ def readyz():
     backend = current_app.extensions["serve.backend"]
     try:
         version = backend.ready()
-    except BackendError as e:
+    except ServeError as e:
         return jsonify(error=str(e), backend=backend.kind), 503
     except Exception as e:  # never let the probe itself break readiness reporting
         return jsonify(error=f"probe failed: {type(e).__name__}: {e}", backend=backend.kind), 503

@@ -13,6 +13,7 @@ from PIL import Image, ImageOps, UnidentifiedImageError
 
 from contract import CHANNELS, IMAGE_SIZE
 from contract.pixels import to_rgb32
+from serve.errors import ServeError
 
 #: Pillow format names accepted; GIFs give their first frame.
 ALLOWED_FORMATS = ("PNG", "JPEG", "GIF", "BMP", "WEBP")
@@ -28,50 +29,42 @@ MIME_TYPES = {"PNG": "image/png", "JPEG": "image/jpeg", "GIF": "image/gif", "BMP
 warnings.filterwarnings("error", category=Image.DecompressionBombWarning)
 
 
-class ImageError(Exception):
-    """An upload that cannot become a model input; ``status`` is the HTTP code to answer with."""
-
-    def __init__(self, message, status=400):
-        super().__init__(message)
-        self.status = status
-
-
 def decode(data, max_pixels=DEFAULT_MAX_PIXELS):
     """Return ``(pixels, format)``: uint8 ``[32, 32, 3]`` RGB and the Pillow format name.
 
     Raises:
-      ImageError: 400 (not an image, truncated, empty), 413 (too many pixels), 415 (a
+      ServeError: 400 (not an image, truncated, empty), 413 (too many pixels), 415 (a
         format outside ``ALLOWED_FORMATS``).
     """
     if not data:
-        raise ImageError("is empty")
+        raise ServeError("is empty")
     try:
         image = Image.open(io.BytesIO(data), formats=ALLOWED_FORMATS)
     except UnidentifiedImageError:
-        raise ImageError(*_why_unidentified(data)) from None
+        raise ServeError(*_why_unidentified(data)) from None
     except (Image.DecompressionBombWarning, Image.DecompressionBombError) as e:
-        raise ImageError(f"has too many pixels ({e})", 413) from None
+        raise ServeError(f"has too many pixels ({e})", 413) from None
     except Exception as e:  # Pillow raises many kinds on corrupt headers
-        raise ImageError(f"is not a readable image ({e})") from None
+        raise ServeError(f"is not a readable image ({e})") from None
     with image:
         fmt = image.format
         width, height = image.size
         if width * height > max_pixels:
-            raise ImageError(f"has too many pixels ({width}x{height}; the limit is {max_pixels})", 413)
+            raise ServeError(f"has too many pixels ({width}x{height}; the limit is {max_pixels})", 413)
         try:
             pixels = to_rgb32(image)  # the same rule as training's loaders (contract.pixels)
         except (Image.DecompressionBombWarning, Image.DecompressionBombError) as e:
-            raise ImageError(f"has too many pixels ({e})", 413) from None
+            raise ServeError(f"has too many pixels ({e})", 413) from None
         except (OSError, ValueError, SyntaxError, EOFError) as e:
             # Truncated or corrupt data surfaces only when the pixels are decoded.
-            raise ImageError(f"is a damaged or truncated {fmt} image ({e})") from None
+            raise ServeError(f"is a damaged or truncated {fmt} image ({e})") from None
     if pixels.shape != (IMAGE_SIZE, IMAGE_SIZE, CHANNELS):
-        raise ImageError(f"decoded to an unexpected shape {pixels.shape}")
+        raise ServeError(f"decoded to an unexpected shape {pixels.shape}")
     return pixels, fmt
 
 
 def decode_many(datas, max_pixels=DEFAULT_MAX_PIXELS):
-    """``decode`` of each of ``datas``: a list of ``(pixels, format)`` or of the ``ImageError``.
+    """``decode`` of each of ``datas``: a list of ``(pixels, format)`` or of the ``ServeError``.
 
     From ``BATCH_DECODE_MIN`` images up, in a process that already runs TensorFlow (the
     ``savedmodel`` runtime; the others never import it), Pillow still reads every header, but
@@ -99,7 +92,7 @@ def decode_many(datas, max_pixels=DEFAULT_MAX_PIXELS):
         if results[index] is None:
             try:
                 results[index] = decode(data, max_pixels)
-            except ImageError as e:
+            except ServeError as e:
                 results[index] = e
     return results
 

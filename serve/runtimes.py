@@ -39,6 +39,7 @@ from contract import (
     SIGNATURE_PIXELS,
 )
 from serve import settings, signatures
+from serve.errors import ServeError
 
 LITERT, LITERT_INT8, SAVEDMODEL = "litert", "litert-int8", "savedmodel"
 RUNTIMES = (LITERT, LITERT_INT8, SAVEDMODEL)
@@ -143,7 +144,7 @@ def _decode_all(datas):
     for index, data in enumerate(datas.tolist()):
         try:
             pixels.append(imaging.decode(data)[0])
-        except imaging.ImageError as e:
+        except ServeError as e:
             raise InputError(f"{INPUT_BYTES}[{index}] {e}") from None
     if not pixels:
         return np.zeros((0, IMAGE_SIZE, IMAGE_SIZE, CHANNELS), np.uint8)

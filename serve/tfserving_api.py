@@ -13,9 +13,9 @@ from flask import Blueprint, current_app, jsonify
 from werkzeug.routing import BaseConverter
 
 from contract import SIGNATURE_PIXELS
-from serve import classify as cls
 from serve import bodies, signatures
-from serve.backends import BackendError
+from serve.classify import float32_list
+from serve.errors import ServeError
 
 bp = Blueprint("tfserving", __name__, url_prefix="/v1/models")
 
@@ -34,28 +34,21 @@ def _register_converter(state):
     state.app.url_map.converters["model"] = ModelNameConverter
 
 
-class ApiError(Exception):
-    def __init__(self, message, status=400):
-        super().__init__(message)
-        self.status = status
-
-
-@bp.errorhandler(ApiError)
-@bp.errorhandler(BackendError)
+@bp.errorhandler(ServeError)
 def _error(e):
     return jsonify(error=str(e)), e.status
 
 
 def _check_name(name):
     if name != current_app.config["MODEL_NAME"]:
-        raise ApiError(f"Servable not found for request: Latest({name})", 404)
+        raise ServeError(f"Servable not found for request: Latest({name})", 404)
 
 
 def _meta(name, version):
     _check_name(name)
-    meta = cls.backend().metadata()
+    meta = current_app.extensions["serve.backend"].metadata()
     if version is not None and version not in meta["versions"]:
-        raise ApiError(f"Servable not found for request: Specific({name}, {version})", 404)
+        raise ServeError(f"Servable not found for request: Specific({name}, {version})", 404)
     return meta
 
 
@@ -88,20 +81,20 @@ def predict(name, version=None):
     try:
         body = bodies.request_json()
     except ValueError as e:
-        raise ApiError(str(e)) from None
+        raise ServeError(str(e)) from None
     if not isinstance(body, dict):
-        raise ApiError("the body must be a JSON object")
+        raise ServeError("the body must be a JSON object")
     signature_name = body.get("signature_name") or SIGNATURE_PIXELS
     if not isinstance(signature_name, str):
-        raise ApiError("signature_name must be a string")
+        raise ServeError("signature_name must be a string")
     signature_def = meta["signature_defs"].get(signature_name)
     if signature_def is None:
-        raise ApiError(f"Serving signature name: {signature_name!r} not found in signature def")
+        raise ServeError(f"Serving signature name: {signature_name!r} not found in signature def")
     row_format = "instances" in body
     if row_format == ("inputs" in body):
-        raise ApiError('send exactly one of "instances" (row format) or "inputs" (columnar format)')
+        raise ServeError('send exactly one of "instances" (row format) or "inputs" (columnar format)')
     inputs = _parse_inputs(body["instances"] if row_format else body["inputs"], row_format, signature_def)
-    outputs = cls.backend().run(signature_name, inputs, version)
+    outputs = current_app.extensions["serve.backend"].run(signature_name, inputs, version)
     outputs = {key: _jsonable(key, np.asarray(value)) for key, value in outputs.items()}
     if row_format:
         return jsonify(predictions=_rows(outputs))
@@ -116,28 +109,28 @@ def _parse_inputs(value, row_format, signature_def):
     specs = signatures.tensor_specs(signature_def)
     if row_format:
         if not isinstance(value, list) or not value:
-            raise ApiError('"instances" must be a non-empty list')
+            raise ServeError('"instances" must be a non-empty list')
         if all(isinstance(row, dict) and not _is_b64(row) for row in value):
             columns = {}
             for key in specs:
                 if any(key not in row for row in value):
-                    raise ApiError(f"every instance must have input {key!r}")
+                    raise ServeError(f"every instance must have input {key!r}")
                 columns[key] = [row[key] for row in value]
             extra = {k for row in value for k in row} - set(specs)
             if extra:
-                raise ApiError(f"unknown inputs {sorted(extra)}; the signature takes {sorted(specs)}")
+                raise ServeError(f"unknown inputs {sorted(extra)}; the signature takes {sorted(specs)}")
         elif len(specs) == 1:
             columns = {next(iter(specs)): value}
         else:
-            raise ApiError(f"the signature takes several inputs {sorted(specs)}: give each instance as an object")
+            raise ServeError(f"the signature takes several inputs {sorted(specs)}: give each instance as an object")
     elif isinstance(value, dict) and not _is_b64(value):
         columns = value
         if set(columns) != set(specs):
-            raise ApiError(f"the signature takes inputs {sorted(specs)}, got {sorted(columns)}")
+            raise ServeError(f"the signature takes inputs {sorted(specs)}, got {sorted(columns)}")
     elif len(specs) == 1:
         columns = {next(iter(specs)): value}
     else:
-        raise ApiError(f"the signature takes several inputs {sorted(specs)}: give \"inputs\" as an object")
+        raise ServeError(f"the signature takes several inputs {sorted(specs)}: give \"inputs\" as an object")
     return {key: _to_array(key, columns[key], specs[key][0]) for key in specs}
 
 
@@ -146,26 +139,26 @@ def _to_array(key, value, dtype):
         try:
             array = np.array(_strings(value), dtype=object)
         except ValueError as e:
-            raise ApiError(f"input {key!r}: {e}") from None
+            raise ServeError(f"input {key!r}: {e}") from None
         return array
     try:
         array = np.asarray(value)
     except ValueError:
-        raise ApiError(f"input {key!r} is ragged or not a tensor of numbers") from None
+        raise ServeError(f"input {key!r} is ragged or not a tensor of numbers") from None
     target = np.dtype(dtype or np.float32)
     if array.size == 0:
         return array.astype(target)
     kind = array.dtype.kind
     if target.kind in "iu":
         if kind not in "iu":
-            raise ApiError(f"input {key!r} must hold integers ({target.name}), got {_kind_name(kind)}")
+            raise ServeError(f"input {key!r} must hold integers ({target.name}), got {_kind_name(kind)}")
         info = np.iinfo(target)
         if array.min() < info.min or array.max() > info.max:
-            raise ApiError(f"input {key!r} has values outside the {target.name} range {info.min}..{info.max}")
+            raise ServeError(f"input {key!r} has values outside the {target.name} range {info.min}..{info.max}")
     elif target.kind == "f" and kind not in "iuf":
-        raise ApiError(f"input {key!r} must hold numbers ({target.name}), got {_kind_name(kind)}")
+        raise ServeError(f"input {key!r} must hold numbers ({target.name}), got {_kind_name(kind)}")
     elif target.kind == "b" and kind != "b":
-        raise ApiError(f"input {key!r} must hold booleans, got {_kind_name(kind)}")
+        raise ServeError(f"input {key!r} must hold booleans, got {_kind_name(kind)}")
     return array.astype(target, copy=False)
 
 
@@ -201,7 +194,7 @@ def _jsonable(key, array):
             leaf = lambda v: v.decode("utf-8", "replace") if isinstance(v, bytes) else str(v)  # noqa: E731
         return _map(array.tolist(), leaf)
     if array.dtype == np.float32:
-        return cls.float32_list(array)
+        return float32_list(array)
     return array.tolist()
 
 
@@ -213,7 +206,7 @@ def _rows(outputs):
     """Row format: one entry per example; a dict of outputs, or the bare value for a single output."""
     lengths = {len(v) if isinstance(v, list) else -1 for v in outputs.values()}
     if len(lengths) != 1 or -1 in lengths:
-        raise ApiError("the outputs have different batch sizes; ask for the columnar format (\"inputs\")")
+        raise ServeError("the outputs have different batch sizes; ask for the columnar format (\"inputs\")")
     (n,) = lengths
     if len(outputs) == 1:
         return next(iter(outputs.values()))

@@ -9,6 +9,8 @@ spooled to a temporary file, and the size limit is still Flask's ``MAX_CONTENT_L
 import multipart
 from flask import current_app, request
 
+from serve.errors import ServeError
+
 #: Most parts one request may hold (Flask's own MAX_FORM_PARTS default).
 MAX_PARTS = 1000
 #: Longest header line of a part. The package's default (4 kB) refused a real image whose file
@@ -19,14 +21,6 @@ MAX_HEADER_BYTES = 64 * 1024
 MAX_HEADERS = 16
 #: Longest file name an answer repeats; longer ones keep their start and their end.
 MAX_FILENAME_CHARS = 200
-
-
-class UploadError(ValueError):
-    """A multipart body that cannot be read; ``status`` is the HTTP code to answer with."""
-
-    def __init__(self, message, status=400):
-        super().__init__(message)
-        self.status = status
 
 
 def is_multipart():
@@ -40,12 +34,12 @@ def parse():
     ``(field name, filename, bytes)`` for every file part, in order, empty ones included
     (a browser sends an empty file input as a part with no filename and no bytes); a
     filename longer than ``MAX_FILENAME_CHARS`` comes shortened.
-    Raises ``UploadError`` for a malformed body or part headers over the limits (400) or
+    Raises ``ServeError`` for a malformed body or part headers over the limits (400) or
     too many parts (413), and werkzeug's 413 when the body is over ``MAX_CONTENT_LENGTH``.
     """
     boundary = request.mimetype_params.get("boundary")
     if not boundary:
-        raise UploadError("the multipart/form-data body has no boundary in its Content-Type")
+        raise ServeError("the multipart/form-data body has no boundary in its Content-Type")
     limit = current_app.config.get("MAX_CONTENT_LENGTH") or 2**31
     parser = multipart.MultipartParser(
         request.stream,  # werkzeug's stream: it raises 413 past MAX_CONTENT_LENGTH
@@ -67,13 +61,13 @@ def parse():
                 fields.setdefault(part.name, _text(part))
     except multipart.ParserLimitReached as e:
         if "header" in str(e):  # a name or a header line no client sends, not a big upload
-            raise UploadError(
+            raise ServeError(
                 f"a part's headers are over the limits ({MAX_HEADERS} lines of at most "
                 f"{MAX_HEADER_BYTES // 1024} KiB each; is a file name that long?): {e}"
             ) from None
-        raise UploadError(f"the upload is too large (at most {MAX_PARTS} parts): {e}", 413) from None
+        raise ServeError(f"the upload is too large (at most {MAX_PARTS} parts): {e}", 413) from None
     except multipart.MultipartError as e:
-        raise UploadError(f"the multipart/form-data body is malformed: {e}") from None
+        raise ServeError(f"the multipart/form-data body is malformed: {e}") from None
     return fields, files
 
 
@@ -89,4 +83,4 @@ def _text(part):
     try:
         return part.value
     except UnicodeDecodeError:
-        raise UploadError(f"the form field {shorten(part.name)!r} is not UTF-8 text") from None
+        raise ServeError(f"the form field {shorten(part.name)!r} is not UTF-8 text") from None

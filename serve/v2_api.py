@@ -16,10 +16,9 @@ import json
 from flask import Blueprint, Response, current_app, jsonify
 
 from contract import INPUT_PIXELS, OUTPUT_CLASS_IDS, OUTPUT_CLASS_NAMES, OUTPUT_PROBABILITIES, SIGNATURE_PIXELS
-from serve import classify as cls
 from serve import signatures
-from serve.backends import BackendError
-from serve.v2_request import HEADER_LENGTH, INPUTS, Binary, V2Error, read_body, read_input, requested_outputs
+from serve.errors import ServeError
+from serve.v2_request import HEADER_LENGTH, INPUTS, Binary, read_body, read_input, requested_outputs
 from serve.v2_response import classification, output_tensors, to_binary, to_json
 
 bp = Blueprint("v2", __name__, url_prefix="/v2")
@@ -30,8 +29,7 @@ EXTENSIONS = ("binary_tensor_data", "classification")
 SAVEDMODEL_PLATFORM = "tensorflow_savedmodel"
 
 
-@bp.errorhandler(V2Error)
-@bp.errorhandler(BackendError)
+@bp.errorhandler(ServeError)
 def _error(e):
     return jsonify(error=str(e)), e.status
 
@@ -65,11 +63,11 @@ def model_ready(name, version=None):
 def _probe():
     """200 with no body when a probe prediction succeeds (the protocol's "true"), else 503 and why."""
     try:
-        cls.backend().ready()
-    except BackendError:
+        current_app.extensions["serve.backend"].ready()
+    except ServeError:
         raise
     except Exception as e:  # as /readyz: the probe itself failing means "not ready", not a 500
-        raise BackendError(f"probe failed: {type(e).__name__}: {e}") from None
+        raise ServeError(f"probe failed: {type(e).__name__}: {e}", 503) from None
     return Response(status=200)
 
 
@@ -99,7 +97,7 @@ def infer(name, version=None):
     pixels = read_input(payload, Binary(binary))
     wanted = requested_outputs(payload)
     served = meta["version"] if version is None else int(version)
-    backend = cls.backend()
+    backend = current_app.extensions["serve.backend"]
     if served == meta["version"]:
         outputs = backend.predict(pixels)  # micro-batched with every other request
     else:  # an older version that a TF Serving backend still serves
@@ -139,11 +137,11 @@ def tensor(key, datatype, shape):
 def _meta(name, version):
     """The backend's metadata, after a 404 for a model or version this server does not serve."""
     if name != current_app.config["MODEL_NAME"]:
-        raise V2Error(f"unknown model {name!r}; this server serves {current_app.config['MODEL_NAME']!r}", 404)
-    meta = cls.backend().metadata()
+        raise ServeError(f"unknown model {name!r}; this server serves {current_app.config['MODEL_NAME']!r}", 404)
+    meta = current_app.extensions["serve.backend"].metadata()
     if version is not None and version not in [str(v) for v in meta["versions"]]:
         available = ", ".join(str(v) for v in meta["versions"])
-        raise V2Error(f"model {name!r} has no version {version!r} (available: {available})", 404)
+        raise ServeError(f"model {name!r} has no version {version!r} (available: {available})", 404)
     return meta
 
 

@@ -6,7 +6,7 @@ import struct
 import numpy as np
 
 from contract import OUTPUT_CLASS_IDS, OUTPUT_CLASS_NAMES, OUTPUT_PROBABILITIES
-from serve import classify as cls
+from serve.classify import float32_list, label_names
 
 _LITTLE_ENDIAN = {"FP32": "<f4", "INT64": "<i8"}
 
@@ -21,7 +21,7 @@ def output_tensors(meta, outputs):
     if OUTPUT_CLASS_NAMES in outputs:
         class_names = np.asarray(outputs[OUTPUT_CLASS_NAMES], dtype=object)
     else:
-        names = cls._class_names(meta, outputs, probabilities.shape[1])
+        names = label_names(meta, outputs, probabilities.shape[1])
         class_names = np.array([names[c].encode() for c in class_ids.tolist()], dtype=object)
     return {
         OUTPUT_PROBABILITIES: ("FP32", probabilities),
@@ -33,10 +33,10 @@ def output_tensors(meta, outputs):
 def classification(meta, outputs, tensors, k):
     """The classification extension: BYTES ``[N, k]`` of ``"<probability>:<class id>:<label>"``, best first."""
     probabilities = tensors[OUTPUT_PROBABILITIES][1]
-    names = cls._class_names(meta, outputs, probabilities.shape[1])
+    names = label_names(meta, outputs, probabilities.shape[1])
     k = min(k, probabilities.shape[1])
     order = np.argsort(-probabilities, axis=1, kind="stable")[:, :k]
-    values = cls.float32_list(np.take_along_axis(probabilities, order, axis=1))
+    values = float32_list(np.take_along_axis(probabilities, order, axis=1))
     rows = [
         [f"{p}:{c}:{names[c]}".encode() for p, c in zip(row_values, row_ids)]
         for row_values, row_ids in zip(values, order.tolist())
@@ -46,7 +46,7 @@ def classification(meta, outputs, tensors, k):
 
 def to_json(datatype, array):
     if datatype == "FP32":
-        return cls.float32_list(array.ravel())
+        return float32_list(array.ravel())
     if datatype == "BYTES":
         return [v.decode("utf-8", "replace") if isinstance(v, bytes) else str(v) for v in array.ravel().tolist()]
     return array.ravel().tolist()

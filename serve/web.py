@@ -2,10 +2,10 @@
 
 from flask import Blueprint, current_app, render_template
 
-from serve import classify as cls
+from serve import classify
 from serve import images as imaging
 from serve import uploads as multipart_uploads
-from serve.backends import BackendError
+from serve.errors import ServeError
 
 bp = Blueprint("web", __name__)
 
@@ -22,25 +22,25 @@ def upload():
     try:
         if multipart_uploads.is_multipart():
             fields, files = multipart_uploads.parse()
-        top_k = cls.parse_top_k(fields.get("top_k"), default_k)
-    except multipart_uploads.UploadError as e:
+        top_k = classify.parse_top_k(fields.get("top_k"), default_k)
+    except ServeError as e:
         return render_template("index.html", top_k=default_k, error=f"The upload cannot be read: {e}."), e.status
     except ValueError as e:
         return render_template("index.html", top_k=default_k, error=str(e)), 400
     # A file input left empty still sends one part, with no name and no bytes.
-    uploads = [(filename, data) for _, filename, data in files if data or filename]
+    uploads = [classify.Upload(filename, data) for _, filename, data in files if data or filename]
     if not uploads:
         return render_template("index.html", top_k=top_k, error="Choose one or more image files first."), 400
     try:
-        meta, slots = cls.classify(uploads, top_k)
-    except BackendError as e:
+        meta, slots = current_app.extensions["serve.classifier"].classify(uploads, top_k)
+    except ServeError as e:
         return render_template("index.html", top_k=top_k, error=f"The model is not available: {e}"), e.status
     for slot in slots:
         if "data" in slot:
             slot["data_url"] = imaging.data_url(slot.pop("data"), slot["format"])
     status = 200 if any("error" not in s for s in slots) else slots[0]["status"]
     return render_template(
-        "index.html", top_k=top_k, results=slots, model=cls.model_info(meta), runtime=meta.get("runtime")
+        "index.html", top_k=top_k, results=slots, model=classify.model_info(meta), runtime=meta.get("runtime")
     ), status
 
 

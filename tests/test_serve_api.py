@@ -98,6 +98,30 @@ def test_predict_json_b64_matches_multipart(client, samples):
     assert p["probability"] == multipart["predictions"][0]["probability"]
 
 
+def test_classifier_runs_without_flask(app, samples, savedmodel):
+    """The core of / and /api/v1/predict needs no app: its backend, pixel limit and image counter are handed in."""
+    import flask
+
+    from serve import classify
+
+    images, _ = samples
+    counted = []
+    core = classify.Classifier(app.extensions["serve.backend"], max_pixels=32 * 32, on_images=counted.append)
+    uploads = [
+        classify.Upload("a.png", png(images[0])),
+        classify.Upload(error="is not valid base64"),
+        classify.Upload("big.png", png(np.zeros((33, 32, 3), np.uint8))),
+    ]
+    assert not flask.has_app_context()
+    meta, slots = core.classify(uploads, top_k=2)
+    assert meta["name"] == "cifar10"
+    assert slots[0]["class_id"] == int(np.argmax(model_probabilities(savedmodel, images[0])))
+    assert [t["class_id"] for t in slots[0]["top_k"]][:1] == [slots[0]["class_id"]] and len(slots[0]["top_k"]) == 2
+    assert slots[1] == {"filename": None, "error": "instance 1: is not valid base64", "status": 400}
+    assert slots[2]["status"] == 413 and slots[2]["error"].startswith("'big.png' has too many pixels")
+    assert counted == [1]  # only the image that reached the model
+
+
 def test_predict_any_file_field_and_form_top_k(client, samples):
     images, _ = samples
     data = {"image": (io.BytesIO(png(images[0])), "x.png"), "top_k": "2"}

@@ -8,6 +8,7 @@ from PIL import Image
 
 import synthetic
 from serve import images as imaging
+from serve.errors import ServeError
 
 
 def photo_like(seed, size=32):
@@ -102,8 +103,8 @@ def _uploads():
 
 def _same(batch, one_by_one):
     for got, want in zip(batch, one_by_one, strict=True):
-        if isinstance(want, imaging.ImageError):
-            assert isinstance(got, imaging.ImageError) and (str(got), got.status) == (str(want), want.status)
+        if isinstance(want, ServeError):
+            assert isinstance(got, ServeError) and (str(got), got.status) == (str(want), want.status)
         else:
             assert got[1] == want[1]
             np.testing.assert_array_equal(got[0], want[0])
@@ -114,7 +115,7 @@ def _one_by_one(datas):
     for data in datas:
         try:
             results.append(imaging.decode(data))
-        except imaging.ImageError as e:
+        except ServeError as e:
             results.append(e)
     return results
 
@@ -138,7 +139,7 @@ def test_damaged_data_in_a_batch_is_named_and_the_rest_decoded():
     truncated = good[: len(good) - 200]  # the header is whole, the scan is cut short
     datas = plain[:20] + [truncated]
     results = imaging.decode_many(datas)
-    assert isinstance(results[-1], imaging.ImageError) and results[-1].status == 400
+    assert isinstance(results[-1], ServeError) and results[-1].status == 400
     _same(results[:-1], _one_by_one(datas[:-1]))
 
 

@@ -153,7 +153,7 @@ def test_classification_extension_gives_the_top_k(server, images, saved_model_sa
 def test_every_runtime_answers_what_its_backend_predicts(model_base, images, runtime):
     """The routes only reach the model through the backend: on each runtime, v2 says what ``predict`` says."""
     from serve import create_app
-    from serve.backends import BackendError
+    from serve.errors import ServeError
 
     app = create_app({"TESTING": True, "MODEL_DIR": str(model_base), "MODEL_NAME": MODEL, "RUNTIME": runtime})
     backend = app.extensions["serve.backend"]
@@ -161,7 +161,7 @@ def test_every_runtime_answers_what_its_backend_predicts(model_base, images, run
     try:
         try:
             expected = backend.predict(images)
-        except BackendError as e:  # export publishes a LiteRT model only when it passed its check
+        except ServeError as e:  # export publishes a LiteRT model only when it passed its check
             pytest.skip(f"no {runtime} model in this export: {e}")
         web = app.test_client()
         pngs = [base64.b64encode(synthetic.encode(image)).decode() for image in images]

@@ -12,19 +12,19 @@ Every backend offers:
   through the ``serving_default`` signature;
 * ``run(signature_name, inputs, version=None)``: any signature, ``{input key: array}``
   (strings as ``object`` arrays of ``bytes``) -> ``{output key: array}``;
-* ``ready()``: raises :class:`BackendError` unless a probe prediction succeeds;
+* ``ready()``: raises :class:`serve.errors.ServeError` unless a probe prediction succeeds;
 * ``metadata()``: ``name``, ``version``, ``versions``, ``architecture``, ``class_names``,
   ``signature_defs`` (TF Serving's JSON form); the local backend adds ``runtime``.
 
-Failures raise :class:`BackendError` with the HTTP status to answer with.
+Failures raise :class:`serve.errors.ServeError` with the HTTP status to answer with (503: try again later).
 """
 
 from serve import runtimes, settings
-from serve.backends.interface import BackendError, probe_batch
+from serve.backends.interface import probe_batch
 from serve.backends.local import LocalBackend
 from serve.backends.tfserving import TFServingGrpcBackend, TFServingRestBackend
 
-__all__ = ["BackendError", "LocalBackend", "TFServingGrpcBackend", "TFServingRestBackend", "from_config", "probe_batch"]
+__all__ = ["LocalBackend", "TFServingGrpcBackend", "TFServingRestBackend", "from_config", "probe_batch"]
 
 #: The TF Serving backends by SERVE_BACKEND, with the setting that says where TF Serving is.
 REMOTE = {

@@ -1,16 +1,8 @@
-"""What every prediction backend shares: the error it raises, the probe batch, the manifest's facts."""
+"""What every prediction backend shares: the probe batch and the manifest's facts."""
 
 import numpy as np
 
 from contract import CHANNELS, IMAGE_SIZE
-
-
-class BackendError(Exception):
-    """A prediction that failed; ``status`` is the HTTP code (503: try again later)."""
-
-    def __init__(self, message, status=503):
-        super().__init__(message)
-        self.status = status
 
 
 def probe_batch():

@@ -8,7 +8,8 @@ import time
 
 from contract import OUTPUT_PROBABILITIES
 from serve import runtimes, signatures
-from serve.backends.interface import BackendError, model_facts, probe_batch
+from serve.backends.interface import model_facts, probe_batch
+from serve.errors import ServeError
 
 RELOAD_INTERVAL_S = 5.0  # how often a backend that failed to load tries again
 RETIRE_AFTER_S = 30.0  # how long a replaced version keeps answering requests already sent to it
@@ -53,7 +54,7 @@ class LocalBackend:
     def _load_quietly(self):
         try:
             self._load()
-        except BackendError:
+        except ServeError:
             pass  # kept in self._error; readyz reports it
 
     # -- loading -----------------------------------------------------------------------
@@ -62,23 +63,23 @@ class LocalBackend:
             self._poll_versions()
             return self._state
         if not self._lock.acquire(blocking=wait):
-            raise BackendError(f"the model in {self.model_dir} is still loading")
+            raise ServeError(f"the model in {self.model_dir} is still loading", 503)
         try:
             if self._state is not None:
                 return self._state
             if self._tried_at is not None and time.monotonic() - self._tried_at < RELOAD_INTERVAL_S:
-                raise BackendError(self._error)
+                raise ServeError(self._error, 503)
             self._tried_at = time.monotonic()
             try:
                 self._state = self._load_unlocked()
                 self._error = None
                 self._loaded(self._state)
                 return self._state
-            except BackendError as e:
+            except ServeError as e:
                 self._error = str(e)
             except Exception as e:  # a broken SavedModel must not take the worker down
                 self._error = f"cannot load the model from {self.model_dir}: {type(e).__name__}: {e}"
-            raise BackendError(self._error)
+            raise ServeError(self._error, 503)
         finally:
             self._lock.release()
 
@@ -118,8 +119,8 @@ class LocalBackend:
         if not available:
             saved = signatures.versions(self.model_dir)
             if saved:  # versions there are, but none this runtime can serve: say why
-                raise BackendError(runtimes.missing_reason(os.path.join(self.model_dir, str(saved[-1])), self.runtime))
-            raise BackendError(f"no model versions (directories N/ with a saved_model.pb) under {self.model_dir}")
+                raise ServeError(runtimes.missing_reason(os.path.join(self.model_dir, str(saved[-1])), self.runtime), 503)
+            raise ServeError(f"no model versions (directories N/ with a saved_model.pb) under {self.model_dir}", 503)
         version = version or available[-1]
         path = os.path.join(self.model_dir, str(version))
         model = runtimes.load(self.runtime, path, self._threads)
@@ -152,27 +153,27 @@ class LocalBackend:
         try:
             return state["batcher"].submit(images)
         except Exception as e:
-            raise BackendError(f"prediction failed: {type(e).__name__}: {e}", 500) from e
+            raise ServeError(f"prediction failed: {type(e).__name__}: {e}", 500) from e
 
     def run(self, signature_name, inputs, version=None):
         state = self._load()
         self._check_version(state, version)
         if signature_name not in state["signature_defs"]:
-            raise BackendError(f"signature {signature_name!r} not found; this model has {sorted(state['signature_defs'])}", 400)
+            raise ServeError(f"signature {signature_name!r} not found; this model has {sorted(state['signature_defs'])}", 400)
         try:
             signatures.check_inputs(signature_name, state["signature_defs"][signature_name], inputs)
         except ValueError as e:
-            raise BackendError(str(e), 400) from None
+            raise ServeError(str(e), 400) from None
         try:
             return state["model"].call(signature_name, inputs, self.predict)
         except runtimes.InputError as e:
-            raise BackendError(str(e), 400) from None
+            raise ServeError(str(e), 400) from None
 
     def ready(self):
         state = self._load(wait=False)
         outputs = self.predict(probe_batch())
         if outputs[OUTPUT_PROBABILITIES].shape[0] != 1:
-            raise BackendError("the probe prediction returned the wrong batch size")
+            raise ServeError("the probe prediction returned the wrong batch size", 503)
         return state["version"]
 
     def metadata(self):
@@ -193,7 +194,7 @@ class LocalBackend:
 
     def _check_version(self, state, version):
         if version is not None and int(version) != state["version"]:
-            raise BackendError(f"model {self.name!r} version {version} is not loaded (serving {state['version']})", 404)
+            raise ServeError(f"model {self.name!r} version {version} is not loaded (serving {state['version']})", 404)
 
 
 def _make_batcher(fn, max_batch, wait_s, on_batch):

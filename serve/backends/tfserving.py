@@ -8,7 +8,8 @@ import numpy as np
 
 from contract import INPUT_PIXELS, OUTPUT_CLASS_IDS, OUTPUT_CLASS_NAMES, OUTPUT_PROBABILITIES, SIGNATURE_PIXELS
 from serve import settings, signatures, tensors
-from serve.backends.interface import BackendError, model_facts, probe_batch
+from serve.backends.interface import model_facts, probe_batch
+from serve.errors import ServeError
 
 METADATA_TTL_S = 30.0  # how long a TF Serving backend trusts the metadata it fetched
 
@@ -73,7 +74,7 @@ class _RemoteBackend:
         for key in parts[0]:
             arrays = [np.asarray(part[key]) for part in parts]
             if any(a.ndim == 0 for a in arrays):
-                raise BackendError(f"output {key!r} has no batch dimension; send at most {self.max_batch} rows", 400)
+                raise ServeError(f"output {key!r} has no batch dimension; send at most {self.max_batch} rows", 400)
             outputs[key] = np.concatenate(arrays)
         return outputs
 
@@ -81,13 +82,13 @@ class _RemoteBackend:
         meta = self.metadata()
         outputs = self.run(SIGNATURE_PIXELS, {INPUT_PIXELS: probe_batch()})
         if np.asarray(outputs[OUTPUT_PROBABILITIES]).shape[0] != 1:
-            raise BackendError("the probe prediction returned the wrong batch size")
+            raise ServeError("the probe prediction returned the wrong batch size", 503)
         return meta["version"]
 
     def _output_dtypes(self, signature_name):
         try:
             sig = self.metadata()["signature_defs"].get(signature_name, {})
-        except BackendError:
+        except ServeError:
             sig = {}
         dtypes = signatures.output_dtypes(sig)
         dtypes.setdefault(OUTPUT_PROBABILITIES, np.float32)
@@ -120,18 +121,18 @@ class TFServingRestBackend(_RemoteBackend):
                 response = self._session.request(method, url, json=body, timeout=self.timeout_s)
                 break
             except requests.Timeout:
-                raise BackendError(f"TF Serving at {self.url} did not answer within {self.timeout_s:g} s") from None
+                raise ServeError(f"TF Serving at {self.url} did not answer within {self.timeout_s:g} s", 503) from None
             except requests.ConnectionError as e:
                 # A pooled connection may be stale after TF Serving restarted: retry once on a fresh one.
                 if attempt == 2:
-                    raise BackendError(f"TF Serving at {self.url} is unreachable ({type(e).__name__})") from None
+                    raise ServeError(f"TF Serving at {self.url} is unreachable ({type(e).__name__})", 503) from None
         try:
             payload = response.json()
         except ValueError:
             payload = {"error": response.text[:200]}
         if response.status_code >= 400:
             status = response.status_code if response.status_code in (400, 404) else 503
-            raise BackendError(f"TF Serving: {payload.get('error', response.reason)}", status)
+            raise ServeError(f"TF Serving: {payload.get('error', response.reason)}", status)
         return payload
 
     def _fetch_metadata(self):
@@ -233,13 +234,13 @@ class TFServingGrpcBackend(_RemoteBackend):
             code = e.code() if hasattr(e, "code") else None
             details = e.details() if hasattr(e, "details") else str(e)
             if code in (grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.FAILED_PRECONDITION):
-                raise BackendError(f"TF Serving: {details}", 400) from None
+                raise ServeError(f"TF Serving: {details}", 400) from None
             if code == grpc.StatusCode.NOT_FOUND:
-                raise BackendError(f"TF Serving: {details}", 404) from None
+                raise ServeError(f"TF Serving: {details}", 404) from None
             if code == grpc.StatusCode.DEADLINE_EXCEEDED:
-                raise BackendError(f"TF Serving at {self.target} did not answer within {self.timeout_s:g} s") from None
+                raise ServeError(f"TF Serving at {self.target} did not answer within {self.timeout_s:g} s", 503) from None
             name = code.name if code is not None else "error"
-            raise BackendError(f"TF Serving at {self.target} is unavailable ({name}: {details})") from None
+            raise ServeError(f"TF Serving at {self.target} is unavailable ({name}: {details})", 503) from None
 
     def _fetch_metadata(self):
         from client.protos.tensorflow.core.protobuf import meta_graph_pb2  # noqa: F401  (SignatureDef, for Unpack)
