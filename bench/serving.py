@@ -51,7 +51,7 @@ import numpy as np  # noqa: E402
 from PIL import Image  # noqa: E402
 
 from contract import LITERT_FILE, LITERT_INT8_FILE, OUTPUT_PROBABILITIES, SAMPLES_FILE  # noqa: E402
-from serve import runtimes, signatures  # noqa: E402
+from serve import published, runtimes  # noqa: E402
 
 WRK_SCRIPT = os.path.join(ROOT, "bench", "wrk", "post_body.lua")
 PREDICT_PATH = "/api/v1/predict"
@@ -341,11 +341,14 @@ def main(argv=None):
         sys.exit("wrk not found: apt-get install -y wrk")
 
     model_dir = os.path.abspath(args.model_dir)
-    available = signatures.versions(model_dir)
+    available = published.versions(model_dir)
     if not available:
         sys.exit(f"no versions under {model_dir}")
     version_dir = os.path.join(model_dir, str(available[-1]))
-    class_names = signatures.read_manifest(version_dir).get("class_names")
+    served = published.manifest(version_dir)
+    if served is None:
+        sys.exit(f"no readable manifest in {version_dir}/assets.extra (export writes one)")
+    class_names = served.class_names
     test = read_test_jpegs(args.data, args.agreement_images or None)
     images = np.stack([decode(data) for _, _, data in test])
     labels = np.asarray([class_names.index(folder) for folder, _, _ in test])

@@ -38,7 +38,7 @@ from contract import (
     SIGNATURE_BYTES,
     SIGNATURE_PIXELS,
 )
-from serve import settings, signatures
+from serve import published, settings, signatures
 from serve.errors import ServeError
 
 LITERT, LITERT_INT8, SAVEDMODEL = "litert", "litert-int8", "savedmodel"
@@ -46,7 +46,7 @@ RUNTIMES = (LITERT, LITERT_INT8, SAVEDMODEL)
 DEFAULT_RUNTIME = settings.DEFAULT_RUNTIME  # LITERT, for the reasons above
 
 #: The file in a version directory that each runtime loads.
-MODEL_FILES = {LITERT: LITERT_FILE, LITERT_INT8: LITERT_INT8_FILE, SAVEDMODEL: signatures.SAVED_MODEL_FILE}
+MODEL_FILES = {LITERT: LITERT_FILE, LITERT_INT8: LITERT_INT8_FILE, SAVEDMODEL: published.SAVED_MODEL_FILE}
 
 
 class InputError(ValueError):
@@ -70,13 +70,14 @@ def default_threads(environ=None):
 
 def versions(model_dir, runtime):
     """Versions under ``model_dir`` that ``runtime`` can serve, ascending."""
-    return signatures.versions(model_dir, MODEL_FILES[check(runtime)])
+    return published.versions(model_dir, MODEL_FILES[check(runtime)])
 
 
 def missing_reason(version_dir, runtime):
     """Why ``version_dir`` has no model for ``runtime``, from its published manifest, or a generic line."""
     file = MODEL_FILES[runtime]
-    report = ((signatures.read_manifest(version_dir).get("export") or {}).get("litert") or {}).get(runtime) or {}
+    served = published.manifest(version_dir)
+    report = (((served.export if served else None) or {}).get("litert") or {}).get(runtime) or {}
     why = report.get("reason")
     if why:
         return f"{version_dir} has no {file}: export did not publish it ({why})"
@@ -89,7 +90,7 @@ def load(runtime, version_dir, threads=None):
     path = os.path.join(version_dir, MODEL_FILES[runtime])
     if not os.path.isfile(path):
         raise FileNotFoundError(missing_reason(version_dir, runtime))
-    signature_defs = signatures.signature_defs_json(os.path.join(version_dir, signatures.SAVED_MODEL_FILE))
+    signature_defs = signatures.signature_defs_json(os.path.join(version_dir, published.SAVED_MODEL_FILE))
     if runtime == SAVEDMODEL:
         model = SavedModel(version_dir, signature_defs)
     else:

@@ -1,15 +1,10 @@
 """Signature definitions as TF Serving writes them in JSON, and the small summary /api/v1/model shows."""
 
 import functools
-import json
-import os
 
 import numpy as np
 
-from contract import ASSETS_EXTRA, MANIFEST_FILE
-
 INIT_OP = "__saved_model_init_op"
-SAVED_MODEL_FILE = "saved_model.pb"
 
 #: TF Serving's DT_* names for the dtypes this server converts.
 NUMPY_DTYPES = {
@@ -27,30 +22,6 @@ NUMPY_DTYPES = {
     "DT_BOOL": np.bool_,
     "DT_STRING": object,
 }
-
-
-def versions(model_dir, model_file=SAVED_MODEL_FILE):
-    """Version numbers under ``model_dir`` that hold a SavedModel (and ``model_file``), ascending."""
-    try:
-        names = os.listdir(model_dir)
-    except OSError:
-        return []
-    return sorted(
-        int(n)
-        for n in names
-        if n.isdigit()
-        and os.path.isfile(os.path.join(model_dir, n, SAVED_MODEL_FILE))
-        and os.path.isfile(os.path.join(model_dir, n, model_file))
-    )
-
-
-def read_manifest(version_dir):
-    """The training manifest copied into ``assets.extra``; ``{}`` when there is none."""
-    try:
-        with open(os.path.join(version_dir, ASSETS_EXTRA, MANIFEST_FILE)) as f:
-            return json.load(f)
-    except (OSError, ValueError):
-        return {}
 
 
 def signature_defs_json(saved_model_pb):

@@ -11,7 +11,7 @@ def probe_batch():
 
 
 def model_facts(manifest):
-    """``(architecture, class_names)`` from a published manifest (a dict); ``None`` for what it lacks."""
-    model = manifest.get("model") or {}
-    names = manifest.get("class_names")
-    return (model.get("name") if isinstance(model, dict) else None), (list(names) if names else None)
+    """``(architecture, class_names)`` from a published :class:`contract.manifest.Manifest`; ``(None, None)`` without one."""
+    if manifest is None:
+        return None, None
+    return manifest.model.name, list(manifest.class_names)

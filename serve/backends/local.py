@@ -7,7 +7,7 @@ import threading
 import time
 
 from contract import OUTPUT_PROBABILITIES
-from serve import runtimes, signatures
+from serve import published, runtimes, signatures
 from serve.backends.interface import model_facts, probe_batch
 from serve.errors import ServeError
 
@@ -90,7 +90,7 @@ class LocalBackend:
             return
         self._polled_at = now
         available = runtimes.versions(self.model_dir, self.runtime)
-        newest = signatures.versions(self.model_dir)
+        newest = published.versions(self.model_dir)
         if newest and newest[-1] > self._state["version"] and newest[-1] not in available and newest[-1] not in self._skipped:
             self._skipped.add(newest[-1])
             reason = runtimes.missing_reason(os.path.join(self.model_dir, str(newest[-1])), self.runtime)
@@ -117,14 +117,14 @@ class LocalBackend:
     def _load_unlocked(self, version=None):
         available = runtimes.versions(self.model_dir, self.runtime)
         if not available:
-            saved = signatures.versions(self.model_dir)
+            saved = published.versions(self.model_dir)
             if saved:  # versions there are, but none this runtime can serve: say why
                 raise ServeError(runtimes.missing_reason(os.path.join(self.model_dir, str(saved[-1])), self.runtime), 503)
             raise ServeError(f"no model versions (directories N/ with a saved_model.pb) under {self.model_dir}", 503)
         version = version or available[-1]
         path = os.path.join(self.model_dir, str(version))
         model = runtimes.load(self.runtime, path, self._threads)
-        architecture, class_names = model_facts(signatures.read_manifest(path))
+        architecture, class_names = model_facts(published.manifest(path))
         batcher = _make_batcher(model.pixels, self._max_batch, self._wait_s, self._on_batch)
         return {
             "version": version,

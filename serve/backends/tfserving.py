@@ -7,7 +7,7 @@ import time
 import numpy as np
 
 from contract import INPUT_PIXELS, OUTPUT_CLASS_IDS, OUTPUT_CLASS_NAMES, OUTPUT_PROBABILITIES, SIGNATURE_PIXELS
-from serve import settings, signatures, tensors
+from serve import published, settings, signatures, tensors
 from serve.backends.interface import model_facts, probe_batch
 from serve.errors import ServeError
 
@@ -34,10 +34,9 @@ class _RemoteBackend:
         # TF Serving does not expose assets.extra; read the manifest where the files are at hand.
         self._architecture, self._class_names = None, None
         if model_dir:
-            available = signatures.versions(model_dir)
+            available = published.versions(model_dir)
             if available:
-                manifest = signatures.read_manifest(os.path.join(str(model_dir), str(available[-1])))
-                self._architecture, self._class_names = model_facts(manifest)
+                self._architecture, self._class_names = model_facts(published.manifest(os.path.join(str(model_dir), str(available[-1]))))
 
     def metadata(self):
         with self._lock:
