@@ -5,7 +5,8 @@ The model runs in TensorFlow's own thread pool; the threads parse, decode and wa
 worker's micro-batcher. A second process gives request handling a second GIL: on 2 cores two
 workers beat one on the medians of nine benchmark rounds at 1, 32 and 2 (64-image) concurrent
 clients, if less steadily at 32 (docs/benchmarks.md). Each worker loads the model.
-``WEB_CONCURRENCY`` sets the processes, ``GUNICORN_THREADS`` the threads per process.
+``WEB_CONCURRENCY`` sets the processes, ``GUNICORN_THREADS`` the threads per process; serve/README.md
+lists every variable read here.
 """
 
 import os
