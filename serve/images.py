@@ -71,8 +71,8 @@ def decode_many(datas, max_pixels=DEFAULT_MAX_PIXELS):
     the plain images (JPEG, or 8-bit PNG without transparency; RGB or grayscale; already 32x32;
     not turned by EXIF) are decoded together in one TensorFlow call, across cores and without
     holding the GIL. It uses Pillow's libjpeg settings (accurate integer DCT), so the pixels are the same
-    (``tests/test_serve_uploads.py`` checks). 64 CIFAR JPEGs: 2.7 ms, headers included, against
-    4.4 ms through Pillow alone. Everything else, and a whole batch that TensorFlow cannot
+    (``tests/test_serve_uploads.py`` checks; the time saved is in docs/benchmarks.md). Everything
+    else, and a whole batch that TensorFlow cannot
     decode, goes through ``decode``.
     """
     results = [None] * len(datas)

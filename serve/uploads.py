@@ -1,8 +1,7 @@
 """Multipart uploads, parsed in memory by the ``multipart`` package.
 
-werkzeug's own form parser (``request.files``) spends about 35 us on each part; ``multipart``
-parses the same body in about a sixth of that (``docs/benchmarks.md``), which is a tenth of the
-time a 64-image request spends outside the model. The body stays in memory: no part is ever
+It parses a body several times faster than werkzeug's own form parser (``request.files``;
+figures in docs/benchmarks.md). The body stays in memory: no part is ever
 spooled to a temporary file, and the size limit is still Flask's ``MAX_CONTENT_LENGTH``.
 """
 
