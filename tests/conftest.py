@@ -13,10 +13,27 @@ LOGICAL_CPUS = 8
 
 
 def pytest_configure(config):
+    # prometheus-client picks its value store (memory, or multiprocess files) once, at import, from
+    # PROMETHEUS_MULTIPROC_DIR: import it here, unset, so the in-process apps count in memory.
+    os.environ.pop("PROMETHEUS_MULTIPROC_DIR", None)
+    import prometheus_client  # noqa: F401
+
     import tensorflow as tf
 
     cpu = tf.config.list_physical_devices("CPU")[0]
     tf.config.set_logical_device_configuration(cpu, [tf.config.LogicalDeviceConfiguration()] * LOGICAL_CPUS)
+
+
+@pytest.fixture(autouse=True)
+def _environment_restored():
+    """Whatever a test adds to or changes in os.environ is undone after it, so no test leaks into the next."""
+    saved = dict(os.environ)
+    yield
+    for key in set(os.environ) - set(saved):
+        del os.environ[key]
+    for key, value in saved.items():
+        if os.environ.get(key) != value:
+            os.environ[key] = value
 
 
 @pytest.fixture(scope="session")
@@ -33,7 +50,10 @@ def trained_run(tmp_path_factory, splits):
     output = tmp_path_factory.mktemp("run")
     trainer.run(
         trainer.Config(
-            output=str(output), epochs=4, batch_size=16, precision="float32", tpu="none", profile_steps=(2, 3), verbose=0
+            output=str(output), epochs=4, batch_size=16, precision="float32", tpu="none", profile_steps=(2, 3), verbose=0,
+            # Fixed here rather than the recipe's: a confident model, so its int8 twin passes export's
+            # 98.5% agreement gate on 48 test images (one image is 2%) whatever the recipe becomes.
+            schedule="constant", augment=False, label_smoothing=0.0,
         ),
         splits=splits,
     )

@@ -438,15 +438,19 @@ def test_offline_download_is_one_line_exit_2_and_leaves_no_poisoned_cache(tmp_pa
     assert not list(offline_keras_cache.glob("*_archive")), "no partial archive is left to poison the next run"
 
 
-def test_seed_cnn_trains_by_its_recipe_block_when_no_flag_says_otherwise(trained_run):
+def test_seed_cnn_trains_by_its_recipe_block_when_no_flag_says_otherwise():
     """The registry's recipe is the one source of the defaults: the CLI's flags default to None."""
+    from train.hardware import Placement
+
     recipe = models.recipe("seed_cnn")
-    training = json.loads((trained_run / MANIFEST_FILE).read_text())["training"]
-    for key in ("optimizer", "schedule", "augment", "crop_padding", "label_smoothing"):
-        assert training[key] == getattr(recipe, key), key
-    # conftest's run sets only epochs and a per-replica batch of 16; the rate follows that batch.
-    assert training["learning_rate"] == pytest.approx(recipe.learning_rate * (16 / recipe.reference_batch) ** 0.5)
     defaults = trainer.build_parser().parse_args([])
     assert all(getattr(defaults, flag) is None for flag in
                ("epochs", "batch_size", "learning_rate", "schedule", "augment", "crop_padding", "label_smoothing"))
+    config = trainer.Config(precision="float32")  # what main() builds from no flags
+    plan = trainer._plan(config, recipe, Placement("tensorflow", "test", "cpu", replicas=2), 50_000)
+    for key in ("epochs", "batch_size", "schedule", "augment", "crop_padding", "label_smoothing"):
+        assert getattr(plan, key) == getattr(recipe, key), key
+    # Two replicas double the global batch; Adam's rate follows its square root.
+    assert plan.global_batch == 2 * recipe.batch_size
+    assert plan.learning_rate == pytest.approx(recipe.learning_rate * (2 * recipe.batch_size / recipe.reference_batch) ** 0.5)
     assert (recipe.epochs, recipe.batch_size, recipe.crop_padding) == (14, 128, 0)
