@@ -115,9 +115,7 @@ def run(config, strategy=None, splits=None):
         try:
             recipe = models.recipe(config.model)
             placement = _place(backend, config.tpu, strategy)
-        except ValueError as exc:
-            raise UsageError(str(exc)) from None
-        except hardware.AcceleratorError as exc:
+        except (ValueError, hardware.AcceleratorError) as exc:  # an unknown model; an absent TPU
             raise UsageError(str(exc)) from None
     try:
         if splits is None:
