@@ -50,8 +50,8 @@ def top_k_from_probabilities(probabilities, k, names):
     return [{"label": names.get(i, UNKNOWN_LABEL), "class_id": i, "probability": float(probabilities[i])} for i in order]
 
 
-class ApiTransport:
-    """This project's server: ``POST /api/v1/predict``, ``GET /readyz``, ``GET /api/v1/model``."""
+class _HttpTransport:
+    """What the HTTP transports share: one requests session, and unreachable or not-ready as :class:`Unreachable`."""
 
     def __init__(self, url, timeout):
         import requests
@@ -61,14 +61,24 @@ class ApiTransport:
         self.timeout = timeout
         self.session = requests.Session()
 
-    def _call(self, method, path, **kwargs):
+    def _send(self, method, url, **kwargs):
         try:
-            response = self.session.request(method, self.url + path, timeout=self.timeout, **kwargs)
+            return self.session.request(method, url, timeout=self.timeout, **kwargs)
         except self._requests.RequestException as error:
             raise Unreachable(f"cannot reach {self.url}: {type(error).__name__}") from error
-        body = _json_or_none(response)
+
+    def _raise_if_not_ready(self, response, body):
         if response.status_code == 503:
             raise Unreachable(f"{self.url} is not ready: {_reason(body, response)}")
+
+
+class ApiTransport(_HttpTransport):
+    """This project's server: ``POST /api/v1/predict``, ``GET /readyz``, ``GET /api/v1/model``."""
+
+    def _call(self, method, path, **kwargs):
+        response = self._send(method, self.url + path, **kwargs)
+        body = _json_or_none(response)
+        self._raise_if_not_ready(response, body)
         return response, body
 
     def predict(self, batch, top_k):
@@ -118,27 +128,18 @@ def _reason(body, response):
     return f"HTTP {response.status_code} {response.reason or ''}".strip()
 
 
-class TFServingRestTransport:
+class TFServingRestTransport(_HttpTransport):
     """TF Serving's REST API: encoded images as ``{"b64": ...}`` to the ``predict_images`` signature."""
 
     def __init__(self, url, model, timeout):
-        import requests
-
-        self._requests = requests
-        self.url = url.rstrip("/")
+        super().__init__(url, timeout)
         self.model = model
-        self.timeout = timeout
-        self.session = requests.Session()
         self.names = {}  # class id -> name, learned from the answers (TF Serving names only the top class)
 
     def _call(self, method, path, **kwargs):
-        try:
-            response = self.session.request(method, f"{self.url}/v1/models/{self.model}{path}", timeout=self.timeout, **kwargs)
-        except self._requests.RequestException as error:
-            raise Unreachable(f"cannot reach {self.url}: {type(error).__name__}") from error
+        response = self._send(method, f"{self.url}/v1/models/{self.model}{path}", **kwargs)
         body = _json_or_none(response)
-        if response.status_code == 503:
-            raise Unreachable(f"{self.url} is not ready: {_reason(body, response)}")
+        self._raise_if_not_ready(response, body)
         if response.status_code != 200:
             raise RequestFailed(_reason(body, response), response.status_code)
         return body
@@ -286,31 +287,22 @@ class TFServingGrpcTransport:
         }
 
 
-class V2Transport:
+class V2Transport(_HttpTransport):
     """The Open Inference Protocol over HTTP: the files' bytes as a BYTES tensor in the binary tensor data
     extension, the top k through the classification extension (``"<probability>:<class id>[:<label>]"``)."""
 
     def __init__(self, url, model, timeout):
-        import requests
-
-        self._requests = requests
-        self.url = url.rstrip("/")
+        super().__init__(url, timeout)
         self.model = model
-        self.timeout = timeout
-        self.session = requests.Session()
 
     def _call(self, method, path, **kwargs):
-        try:
-            response = self.session.request(method, f"{self.url}/v2{path}", timeout=self.timeout, **kwargs)
-        except self._requests.RequestException as error:
-            raise Unreachable(f"cannot reach {self.url}: {type(error).__name__}") from error
+        response = self._send(method, f"{self.url}/v2{path}", **kwargs)
         header_length = response.headers.get("Inference-Header-Content-Length")
         try:
             body = json.loads(response.content[: int(header_length)] if header_length else response.content)
         except ValueError:
             body = None
-        if response.status_code == 503:
-            raise Unreachable(f"{self.url} is not ready: {_reason(body, response)}")
+        self._raise_if_not_ready(response, body)
         return response, body
 
     def _model_path(self):

@@ -14,7 +14,7 @@ import os
 import jax
 import keras
 
-from train.hardware import AcceleratorError, Placement
+from train.hardware import AcceleratorError, Placement, installed
 
 MULTI_PROCESS_VARIABLES = ("KERAS_DISTRIBUTION_JOB_ADDRESSES", "KERAS_DISTRIBUTION_NUM_PROCESSES")
 
@@ -28,7 +28,7 @@ def placement(tpu="auto"):
     if tpu not in ("auto", "none") and platform != "tpu":
         raise AcceleratorError(f"TPU {tpu!r} is not available: JAX found only {platform} devices")
     note = ""
-    if tpu == "auto" and platform != "tpu" and jax_has_tpu_support():
+    if tpu == "auto" and platform != "tpu" and installed("libtpu"):
         note = f"no TPU found; training on {len(devices)} {platform.upper()} device(s)"
     if len(devices) > 1:
         distribution = keras.distribution.DataParallel(devices=devices)
@@ -48,12 +48,6 @@ def placement(tpu="auto"):
         scope=scope,
         note=note,
     )
-
-
-def jax_has_tpu_support():
-    import importlib.util
-
-    return importlib.util.find_spec("libtpu") is not None
 
 
 class Profile(keras.callbacks.Callback):
