@@ -34,16 +34,16 @@ def calibration_variants(version_dir, run_dir, images, reference, labels):
     with np.load(os.path.join(run_dir, SAMPLES_FILE)) as data:
         train = data["train_images"]
     flipped = np.concatenate([train, train[:, :, ::-1]])  # the training augmentation's mirror images too
-    head = litert.FLOAT_HEAD_OPS
+    head, layers = litert.FLOAT_HEAD_OPS, litert.FLOAT_LAYERS
     variants = (
-        ("int8, every op quantized", train, ()),
-        (f"int8, float {'+'.join(head)} (what export publishes)", train, head),
-        (f"int8, float {'+'.join(('MUL', 'ADD') + head)} (the batch norms too)", train, ("MUL", "ADD") + head),
-        (f"int8, float {'+'.join(head)}, mirrored images added to the calibration", flipped, head),
+        ("int8, every op quantized", train, (), ()),
+        (f"int8, float {'+'.join(head)}", train, head, ()),
+        (f"int8, float {'+'.join(head)} and layers {'+'.join(layers)} (what export publishes)", train, head, layers),
+        ("the same, mirrored images added to the calibration", flipped, head, layers),
     )
     rows = []
-    for name, calibration, float_ops in variants:
-        content = litert.convert_int8(version_dir, calibration, float_ops)
+    for name, calibration, float_ops, float_layers in variants:
+        content = litert.convert_int8(version_dir, calibration, float_ops, float_layers)
         got = np.concatenate([litert.runner(content)(images[i:i + 256]) for i in range(0, len(images), 256)])
         row = measure(got, reference, labels)
         row.update(calibration_images=len(calibration), megabytes=len(content) / 1e6)

@@ -83,6 +83,36 @@ def test_export_writes_both_models_and_records_their_checks(model_base, trained_
     assert [n.decode() for n in got["class_names"]] == [synthetic.CLASS_NAMES[i] for i in expected.argmax(1)]
 
 
+def test_the_int8_model_keeps_the_head_and_the_chosen_layers_in_float(model_base, trained_run):
+    from tensorflow.lite.tools import flatbuffer_utils
+
+    from export import litert
+
+    content = (model_base / "1" / contract.LITERT_INT8_FILE).read_bytes()
+    model = flatbuffer_utils.convert_bytearray_to_object(content)
+    graph = model.subgraphs[0]
+    codes = {i: flatbuffer_utils.opcode_to_name(model, i) for i in range(len(model.operatorCodes))}
+    ops = [(codes[op.opcodeIndex], graph.tensors[op.outputs[0]].name.decode(), [graph.tensors[i].type for i in op.inputs])
+           for op in graph.operators]
+    float32, int8 = 0, 9  # tflite schema TensorType
+    first_input = {}
+    for code, name, input_types in ops:
+        parts = name.split(";")[0].split("/")  # seed_cnn_1/conv2a_1/Relu: layer conv2a
+        if len(parts) > 2:
+            first_input.setdefault(parts[1].rsplit("_", 1)[0], (code, input_types[0]))
+    assert litert.FLOAT_LAYERS and all(first_input[layer][1] == float32 for layer in litert.FLOAT_LAYERS)
+    for layer in ("conv1a", "conv1b", "conv2b"):  # the rest of the convolutions are int8
+        assert first_input[layer] == ("CONV_2D", int8)
+    for code, name, input_types in ops:
+        if code in litert.FLOAT_HEAD_OPS:
+            assert input_types[0] == float32, name
+    assert "ARG_MAX" in [code for code, _, _ in ops]
+    # So the class ids it serves are the argmax of the probabilities it serves.
+    images, _ = sample_images(trained_run)
+    got = litert_outputs(model_base / "1" / contract.LITERT_INT8_FILE, images)
+    assert got["class_ids"].tolist() == got["probabilities"].argmax(1).tolist()
+
+
 def test_the_gate_refuses_an_int8_model_calibrated_on_constant_images(trained_run, tmp_path, capsys):
     from contract import sha256_file
     from export import exporter
