@@ -1,52 +1,79 @@
 #!/usr/bin/env bash
-# On a machine with an NVIDIA GPU: train seed_cnn on the full CIFAR-10 under both Keras backends,
-# export each run (the fingerprint must pass), and write seconds per epoch and test accuracy to JSON.
+# On an accelerator host (an NVIDIA GPU, or a TPU VM): train each model under each Keras backend on the
+# full CIFAR-10, export each run (the fingerprint must pass), and write seconds per epoch and test
+# accuracy to JSON.
 #
 #   DATA=../shared/data/cifar10-jpeg.zip ./scripts/accelerator_check.sh     # -> accelerator-check.json
 #
-# Environment: DATA (default: cifar10, Keras's downloader), EPOCHS (default: the recipe's),
-# OUT (default: accelerator-check.json), BACKENDS (default: "jax tensorflow"), VENV (default: .venv-gpu).
+# On an image that has JAX and no TensorFlow (Colab's TPU runtimes, most JAX containers), train with
+# the interpreter as it is and export on another machine from the run directories:
+#
+#   PYTHON=python3 BACKENDS=jax EXPORT=0 RUNS=/tmp/runs ./scripts/accelerator_check.sh
+#
+# Environment: DATA (default: cifar10, Keras's downloader), MODELS (default: "seed_cnn airbench"),
+# BACKENDS (default: "jax tensorflow"), EPOCHS and PRECISION (default: each recipe's, and auto),
+# SEEDS (default: 0), PYTHON (default: a new venv at VENV=.venv-gpu with the gpu extra and
+# tensorflow[and-cuda]), EXPORT (default: 1), RUNS (default: a new temporary folder), OUT (default:
+# accelerator-check.json).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 DATA=${DATA:-cifar10}
-OUT=${OUT:-accelerator-check.json}
+MODELS=${MODELS:-seed_cnn airbench}
 BACKENDS=${BACKENDS:-jax tensorflow}
-VENV=${VENV:-.venv-gpu}
-WORK=$(mktemp -d "${TMPDIR:-/tmp}/accelerator-check.XXXXXX")
+SEEDS=${SEEDS:-0}
+EXPORT=${EXPORT:-1}
+OUT=${OUT:-accelerator-check.json}
+RUNS=${RUNS:-$(mktemp -d "${TMPDIR:-/tmp}/accelerator-check.XXXXXX")}
 export TF_CPP_MIN_LOG_LEVEL=2
+mkdir -p "$RUNS"
 
-python3 -m venv "$VENV"
-"$VENV/bin/python" -m pip install -q --upgrade pip
-# JAX's CUDA 12 wheels, and TensorFlow with its own CUDA libraries for the TensorFlow backend.
-"$VENV/bin/python" -m pip install -q -e ".[gpu,export]" "tensorflow[and-cuda]==2.21.0"
-nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader > "$WORK/gpu.txt" || echo unknown > "$WORK/gpu.txt"
+if [[ -z "${PYTHON:-}" ]]; then
+    VENV=${VENV:-.venv-gpu}
+    python3 -m venv "$VENV"
+    "$VENV/bin/python" -m pip install -q --upgrade pip
+    # JAX's CUDA 12 wheels, and TensorFlow with its own CUDA libraries for the TensorFlow backend.
+    "$VENV/bin/python" -m pip install -q -e ".[gpu,export]" "tensorflow[and-cuda]==2.21.0"
+    PYTHON="$VENV/bin/python"
+fi
+nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader > "$RUNS/gpu.txt" 2>/dev/null \
+    || echo unknown > "$RUNS/gpu.txt"
 
-for backend in $BACKENDS; do
-    echo "== $backend"
-    "$VENV/bin/python" -m train --backend "$backend" --model seed_cnn --data "$DATA" --output "$WORK/run-$backend" \
-        ${EPOCHS:+--epochs "$EPOCHS"} 2>&1 | tail -n 4
-    "$VENV/bin/python" -m export --run "$WORK/run-$backend" --model-dir "$WORK/models" --name "seed-$backend" --quiet
+for model in $MODELS; do
+    for backend in $BACKENDS; do
+        for seed in $SEEDS; do
+            run="$RUNS/$model-$backend-$seed"
+            echo "== $model $backend seed $seed"
+            "$PYTHON" -m train --backend "$backend" --model "$model" --data "$DATA" --output "$run" --seed "$seed" \
+                ${EPOCHS:+--epochs "$EPOCHS"} ${PRECISION:+--precision "$PRECISION"} 2>&1 | grep -v '^Epoch ' | tail -n 3
+            if [[ "$EXPORT" == 1 ]]; then
+                "$PYTHON" -m export --run "$run" --model-dir "$RUNS/models" --name "$model-$backend-$seed" --quiet
+            fi
+        done
+    done
 done
 
-"$VENV/bin/python" - "$WORK" "$OUT" $BACKENDS <<'PY'
-import json, statistics, sys
-from train import report
-work, out, *backends = sys.argv[1:]
-result = {"gpu": open(f"{work}/gpu.txt").read().strip(), "runs": {}}
-for backend in backends:
-    manifest = json.load(open(f"{work}/run-{backend}/manifest.json"))
-    epochs = [row["epoch_time_s"] for row in report.read_history(f"{work}/run-{backend}/history.csv")]
-    result["runs"][backend] = {
+"$PYTHON" - "$RUNS" "$OUT" "$EXPORT" <<'PY'
+import csv, glob, json, os, statistics, sys
+runs, out, exported = sys.argv[1], sys.argv[2], sys.argv[3] == "1"
+result = {"gpu": open(f"{runs}/gpu.txt").read().strip(), "runs": {}}
+for manifest_path in sorted(glob.glob(f"{runs}/*/manifest.json")):
+    run = os.path.dirname(manifest_path)
+    manifest = json.load(open(manifest_path))
+    with open(f"{run}/history.csv", newline="") as f:
+        history = {int(row["epoch"]): row for row in csv.DictReader(f) if row["epoch"] != "epoch"}
+    epochs = [float(history[e]["epoch_time_s"]) for e in sorted(history)]
+    training = manifest["training"]
+    result["runs"][os.path.basename(run)] = {
         "epochs": len(epochs),
         "first_epoch_s": round(epochs[0], 2),  # includes compilation
         "median_epoch_s": round(statistics.median(epochs[1:] or epochs), 2),
-        "wall_time_s": manifest["training"]["wall_time_s"],
+        "wall_time_s": training["wall_time_s"],
         "test_accuracy": manifest["metrics"]["test_accuracy"],
+        "test_accuracy_by_epoch": [round(float(history[e]["val_accuracy"]), 4) for e in sorted(history)],
         "test_images": manifest["metrics"]["test_images"],
-        "hardware": manifest["training"]["hardware"],
-        "replicas": manifest["training"]["replicas"],
-        "precision": manifest["training"]["precision"],
-        "exported": f"seed-{backend}/1 (fingerprint verified)",
+        **{key: training[key] for key in ("backend", "hardware", "replicas", "global_batch", "precision")},
+        "versions": manifest["versions"],
+        "exported": exported,
     }
 json.dump(result, open(out, "w"), indent=2)
 print(json.dumps(result, indent=2))

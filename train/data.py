@@ -211,7 +211,7 @@ def _check(splits, source):
     return splits
 
 
-# --- tf.data pipelines ----------------------------------------------------------------
+# --- tf.data pipelines (train.arrays has their TensorFlow-free twins) -------------------
 
 
 def augment(images, pad=4):
@@ -236,8 +236,11 @@ def augment(images, pad=4):
     return tf.gather(cropped, dx + cols, axis=2, batch_dims=1)
 
 
-def train_dataset(x, y, global_batch, augmentation=True, seed=None, crop_padding=4):
-    """Shuffled, augmented, static-shape batches (``drop_remainder=True``), repeated per epoch."""
+def train_dataset(x, y, global_batch, augmentation=True, seed=None, crop_padding=4, num_classes=None):
+    """Shuffled, augmented, static-shape batches (``drop_remainder=True``), repeated per epoch.
+
+    Labels are one-hot over ``num_classes`` when it is given (for label smoothing), else integers.
+    """
     import tensorflow as tf
 
     ds = tf.data.Dataset.from_tensor_slices((x, y)).cache()
@@ -245,24 +248,33 @@ def train_dataset(x, y, global_batch, augmentation=True, seed=None, crop_padding
     ds = ds.batch(global_batch, drop_remainder=True)
     if augmentation:
         ds = ds.map(lambda images, labels: (augment(images, crop_padding), labels), num_parallel_calls=tf.data.AUTOTUNE)
-    ds = ds.map(lambda images, labels: (tf.cast(images, tf.float32), labels))
+    ds = ds.map(lambda images, labels: (tf.cast(images, tf.float32), _labels(tf, labels, num_classes)))
     return ds.prefetch(tf.data.AUTOTUNE)
 
 
-def eval_dataset(x, y, global_batch):
-    """Every test image exactly once, in static-shape batches.
-
-    The last batch is padded with copies of image 0 carrying sample weight 0, so
-    accuracy counts each real image once and the TPU still sees fixed shapes.
-    """
+def eval_dataset(x, y, global_batch, num_classes=None):
+    """Every test image exactly once, in static-shape batches (see :func:`pad_for_evaluation`)."""
     import tensorflow as tf
 
+    ds = tf.data.Dataset.from_tensor_slices(pad_for_evaluation(x, y, global_batch)).cache()
+    ds = ds.batch(global_batch, drop_remainder=True)
+    return ds.map(lambda images, labels, w: (tf.cast(images, tf.float32), _labels(tf, labels, num_classes), w)
+                  ).prefetch(tf.data.AUTOTUNE)
+
+
+def pad_for_evaluation(x, y, global_batch):
+    """``(x, y, weights)`` padded to whole batches with copies of image 0 carrying weight 0.
+
+    Accuracy then counts each real image once, and an accelerator still sees fixed shapes.
+    """
     n = len(x)
     padding = (-n) % global_batch
     weights = np.concatenate([np.ones(n, np.float32), np.zeros(padding, np.float32)])
     if padding:
         x = np.concatenate([x, np.repeat(x[:1], padding, axis=0)])
         y = np.concatenate([y, np.repeat(y[:1], padding, axis=0)])
-    ds = tf.data.Dataset.from_tensor_slices((x, y, weights)).cache()
-    ds = ds.batch(global_batch, drop_remainder=True)
-    return ds.map(lambda images, labels, w: (tf.cast(images, tf.float32), labels, w)).prefetch(tf.data.AUTOTUNE)
+    return x, y, weights
+
+
+def _labels(tf, labels, num_classes):
+    return labels if num_classes is None else tf.one_hot(labels, num_classes)

@@ -135,18 +135,16 @@ def save_weights_atomically(model, path):
 
 
 def versions(backend):
+    import sys
+
     import h5py
     import keras
     import numpy
-    import tensorflow
 
-    versions = {
-        "python": platform.python_version(),
-        "tensorflow": tensorflow.__version__,
-        "keras": keras.__version__,
-        "numpy": numpy.__version__,
-        "h5py": h5py.__version__,
-    }
+    versions = {"python": platform.python_version()}
+    if "tensorflow" in sys.modules:  # absent where JAX trains alone
+        versions["tensorflow"] = sys.modules["tensorflow"].__version__
+    versions.update(keras=keras.__version__, numpy=numpy.__version__, h5py=h5py.__version__)
     if backend == "jax":
         import jax
 

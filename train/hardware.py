@@ -34,6 +34,7 @@ class Placement:
     chief: bool = True  # whether this process writes the run directory
     worker: str = "chief"  # a stable name for this process, for its own backup directory
     scope: object = contextlib.nullcontext  # a callable returning the context to build and fit in
+    host: object = contextlib.nullcontext  # a callable returning the context the handover runs in
     strategy: object = None  # the tf.distribute.Strategy (TensorFlow only)
     note: str = ""  # one line worth telling the user, e.g. that no TPU was found
 
@@ -78,13 +79,13 @@ def pick_backend(requested="auto", environ=None, tpu=None):
         chosen = env.get("KERAS_BACKEND")
         if chosen not in ("jax", "tensorflow"):
             on_tpu = tpu_present(environ=env) if tpu is None else tpu
-            chosen = "jax" if on_tpu and installed("jax") else "tensorflow"
+            # Without TensorFlow (a JAX-only image), JAX is the one that can train.
+            chosen = "jax" if installed("jax") and (on_tpu or not installed("tensorflow")) else "tensorflow"
     else:
         chosen = requested
-    for module in {chosen, "tensorflow"}:  # tf.data feeds every backend
-        if not installed(module):
-            raise AcceleratorError(f"--backend {chosen} needs the {module} package, which is not installed "
-                                   f"(pip install '.[{'tpu' if chosen == 'jax' else 'train'}]')")
+    if not installed(chosen):  # JAX trains without TensorFlow too (train.arrays feeds it)
+        raise AcceleratorError(f"--backend {chosen} needs the {chosen} package, which is not installed "
+                               f"(pip install '.[{'jax' if chosen == 'jax' else 'train'}]')")
     return chosen
 
 

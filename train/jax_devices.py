@@ -46,8 +46,25 @@ def placement(tpu="auto"):
         chief=process == 0,
         worker="chief" if process == 0 else f"process-{process}",
         scope=scope,
+        host=on_host,
         note=note,
     )
+
+
+@contextlib.contextmanager
+def on_host():
+    """The handover's context: no distribution, and new arrays on the host's CPU.
+
+    The fingerprint must be what export computes on a CPU in float32; a GPU computes float32
+    convolutions in TF32 by default, about 1e-4 away (seen on an H200), beyond export's 1e-5.
+    """
+    previous = keras.distribution.distribution()
+    keras.distribution.set_distribution(None)
+    try:
+        with jax.default_device(jax.devices("cpu")[0]):
+            yield
+    finally:
+        keras.distribution.set_distribution(previous)
 
 
 class Profile(keras.callbacks.Callback):

@@ -105,13 +105,9 @@ def run(config, strategy=None, splits=None):
     from train import data, handover, quiet
 
     with quiet.native_startup():
-        import tensorflow as tf  # tf.data feeds every backend: load it while its start-up noise is filtered
-
+        tf = _tensorflow(backend)  # load it while its start-up noise is filtered
         from train import models
 
-        if backend != "tensorflow":
-            # tf.data only feeds the host; keep TensorFlow off the accelerators JAX is using.
-            tf.config.set_visible_devices([], "GPU")
         try:
             recipe = models.recipe(config.model)
             placement = _place(backend, config.tpu, strategy)
@@ -152,10 +148,25 @@ def run(config, strategy=None, splits=None):
         shutil.rmtree(workdir, ignore_errors=True)
         return None
     handover.save_weights_atomically(model, os.path.join(output, WEIGHTS_FILE))
-    manifest = handover.hand_over(config, recipe, plan, placement, splits, output, wall_time)
+    with placement.host():
+        manifest = handover.hand_over(config, recipe, plan, placement, splits, output, wall_time)
     _say(config, f"test accuracy {manifest.metrics['test_accuracy']:.4f} on {manifest.metrics['test_images']} "
                  f"images; weights and manifest in {output}")
     return manifest.to_dict()
+
+
+def _tensorflow(backend):
+    """TensorFlow for tf.data, or None where JAX trains without it (its input is then train.arrays)."""
+    try:
+        import tensorflow as tf
+    except ImportError:
+        if backend == "tensorflow":
+            raise
+        return None
+    if backend != "tensorflow":
+        # tf.data only feeds the host; keep TensorFlow off the accelerators JAX is using.
+        tf.config.set_visible_devices([], "GPU")
+    return tf
 
 
 def _choose_backend(config, strategy):
@@ -189,7 +200,7 @@ def _place(backend, tpu, strategy):
 
 
 def _plan(config, recipe, placement, train_images):
-    from train import hardware
+    from train import hardware, schedules
 
     batch_size = config.batch_size or recipe.batch_size
     global_batch = batch_size * placement.replicas
@@ -201,7 +212,7 @@ def _plan(config, recipe, placement, train_images):
         batch_size=batch_size,
         global_batch=global_batch,
         steps_per_epoch=steps_per_epoch,
-        learning_rate=config.learning_rate or _scaled_rate(recipe, global_batch),
+        learning_rate=config.learning_rate or schedules.scaled_rate(recipe, global_batch),
         schedule=config.schedule or recipe.schedule,
         augment=recipe.augment if config.augment is None else config.augment,
         crop_padding=recipe.crop_padding if config.crop_padding is None else config.crop_padding,
@@ -215,34 +226,34 @@ def _plan(config, recipe, placement, train_images):
 def _fit(config, recipe, plan, placement, splits, workdir):
     """Build, compile and fit under ``placement``; returns the model and the wall time in seconds."""
     import keras
-    import tensorflow as tf
 
-    from train import data, models
+    from train import models, schedules
 
     keras.utils.set_random_seed(config.seed)
     one_hot = plan.label_smoothing > 0
     num_classes = splits.num_classes
-    train_ds = data.train_dataset(splits.x_train, splits.y_train, plan.global_batch, plan.augment,
-                                  seed=config.seed, crop_padding=plan.crop_padding)
-    val_ds = data.eval_dataset(splits.x_test, splits.y_test, plan.global_batch)
-    if one_hot:
-        train_ds = train_ds.map(lambda x, y: (x, tf.one_hot(y, num_classes)))
-        val_ds = val_ds.map(lambda x, y, w: (x, tf.one_hot(y, num_classes), w))
+    labels = num_classes if one_hot else None
+    pipelines = _pipelines()
+    train_ds = pipelines.train_dataset(splits.x_train, splits.y_train, plan.global_batch, plan.augment,
+                                       seed=config.seed, crop_padding=plan.crop_padding, num_classes=labels)
+    val_ds = pipelines.eval_dataset(splits.x_test, splits.y_test, plan.global_batch, num_classes=labels)
 
     previous_policy = keras.mixed_precision.global_policy()
     keras.mixed_precision.set_global_policy(plan.precision)
     try:
         with placement.scope():
             model = models.build_model(config.model, num_classes)
+            started = time.monotonic()
+            models.prepare(config.model, model, splits.x_train)  # data-dependent initialisation, if any
             model.compile(
-                optimizer=_optimizer(recipe, plan.learning_rate, plan.schedule, plan.epochs * plan.steps_per_epoch),
+                optimizer=schedules.optimizer(recipe, plan.learning_rate, plan.schedule,
+                                              plan.epochs * plan.steps_per_epoch),
                 loss=(keras.losses.CategoricalCrossentropy(label_smoothing=plan.label_smoothing) if one_hot
                       else keras.losses.SparseCategoricalCrossentropy()),
                 # Weighted, so the zero-weight padding of the last evaluation batch never counts.
                 weighted_metrics=["accuracy"],
                 steps_per_execution=plan.steps_per_execution,
             )
-        started = time.monotonic()
         model.fit(
             train_ds,
             epochs=plan.epochs,
@@ -257,6 +268,17 @@ def _fit(config, recipe, plan, placement, splits, workdir):
         keras.mixed_precision.set_global_policy(previous_policy)
 
 
+def _pipelines():
+    """tf.data where TensorFlow is loaded (every TensorFlow run, and JAX beside it); else NumPy."""
+    if "tensorflow" in sys.modules:
+        from train import data
+
+        return data
+    from train import arrays
+
+    return arrays
+
+
 def _callbacks(config, placement, workdir):
     import keras
 
@@ -268,8 +290,9 @@ def _callbacks(config, placement, workdir):
         keras.callbacks.BackupAndRestore(os.path.join(workdir, "backup")),
         report.EpochTimer(),
         keras.callbacks.CSVLogger(os.path.join(workdir, "history.csv"), append=True),
-        keras.callbacks.TensorBoard(logs, profile_batch=tensorboard_profile or 0),
     ]
+    if "tensorflow" in sys.modules:  # Keras writes TensorBoard summaries through tf.summary
+        callbacks.append(keras.callbacks.TensorBoard(logs, profile_batch=tensorboard_profile or 0))
     if config.profile_steps and placement.backend == "jax":
         from train import jax_devices
 
@@ -281,33 +304,6 @@ def _describe_augmentation(augment, crop_padding):
     if not augment:
         return "off"
     return f"crop(pad {crop_padding})+flip" if crop_padding else "flip"
-
-
-def _scaled_rate(recipe, global_batch):
-    ratio = global_batch / recipe.reference_batch
-    return recipe.learning_rate * (ratio if recipe.lr_scaling == "linear" else ratio ** 0.5)
-
-
-def _optimizer(recipe, learning_rate, schedule, total_steps):
-    import keras
-
-    if schedule == "onecycle":
-        warmup = max(1, int(total_steps * recipe.warmup_fraction))
-        rate = keras.optimizers.schedules.CosineDecay(
-            initial_learning_rate=learning_rate / 10,
-            decay_steps=max(1, total_steps - warmup),
-            alpha=0.0,
-            warmup_target=learning_rate,
-            warmup_steps=warmup,
-        )
-    elif schedule == "constant":
-        rate = learning_rate
-    else:
-        raise UsageError(f"unknown schedule {schedule!r}; choose constant or onecycle")
-    weight_decay = recipe.weight_decay or None
-    if recipe.optimizer == "sgd":
-        return keras.optimizers.SGD(rate, momentum=recipe.momentum, nesterov=True, weight_decay=weight_decay)
-    return keras.optimizers.Adam(rate, weight_decay=weight_decay)
 
 
 def _say(config, line):
@@ -343,6 +339,7 @@ _positive_int = _int_at_least(1)
 
 def build_parser():
     from train.hardware import BACKENDS, PRECISIONS
+    from train.schedules import SCHEDULES
 
     p = argparse.ArgumentParser(prog="python -m train", description=__doc__.split("\n\n")[0])
     p.add_argument("--data", default=os.environ.get("CIFAR_DATA", DEFAULT_DATA),
@@ -359,7 +356,7 @@ def build_parser():
                         "(default: the recipe's, 128 for seed_cnn as in the seed tutorial)")
     p.add_argument("--learning-rate", type=float,
                    help="peak learning rate (default: the recipe's, scaled to the global batch)")
-    p.add_argument("--schedule", choices=("constant", "onecycle"), help="learning-rate schedule (default: the recipe's)")
+    p.add_argument("--schedule", choices=SCHEDULES, help="learning-rate schedule (default: the recipe's)")
     p.add_argument("--augment", action=argparse.BooleanOptionalAction,
                    help="random crop after padding (--crop-padding) and horizontal flip (default: the recipe's)")
     p.add_argument("--crop-padding", type=_int_at_least(0), metavar="PIXELS",

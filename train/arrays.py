@@ -1,0 +1,100 @@
+"""The input pipelines without TensorFlow: ``keras.utils.PyDataset`` over NumPy arrays.
+
+The JAX backend uses these where TensorFlow cannot be imported: Colab's TPU runtimes and
+most JAX images ship JAX alone. They give the batches :mod:`train.data`'s tf.data pipelines
+give (same shapes, dtypes, augmentation, shuffling per epoch, and zero-weight padding of the
+last evaluation batch), so a run trains the same either way; the random streams differ.
+Keras fetches batches on worker threads while the accelerator runs the previous step.
+
+Typical usage::
+
+    train_ds = arrays.train_dataset(x, y, global_batch=1024, augmentation=True, seed=0)
+    model.fit(train_ds, epochs=10, validation_data=arrays.eval_dataset(x_test, y_test, 1024))
+"""
+
+import os
+
+import keras
+import numpy as np
+
+from contract import IMAGE_SIZE
+from train.data import pad_for_evaluation
+
+WORKERS = max(1, min(4, (os.cpu_count() or 1) - 1))  # batch-making threads beside the training loop
+
+
+def augment(images, pad, rng):
+    """Random crop after ``pad``-pixel reflection padding (none when 0), and a random horizontal flip.
+
+    The NumPy twin of :func:`train.data.augment`: one gather, the flip folded into the column index.
+    """
+    n = len(images)
+    flip = rng.random(n) < 0.5
+    cols = np.where(flip[:, None], np.arange(IMAGE_SIZE - 1, -1, -1), np.arange(IMAGE_SIZE))
+    rows = np.broadcast_to(np.arange(IMAGE_SIZE), (n, IMAGE_SIZE))
+    if pad:
+        images = np.pad(images, ((0, 0), (pad, pad), (pad, pad), (0, 0)), mode="reflect")
+        rows = rows + rng.integers(0, 2 * pad + 1, (n, 1))
+        cols = cols + rng.integers(0, 2 * pad + 1, (n, 1))
+    return images[np.arange(n)[:, None, None], rows[:, :, None], cols[:, None, :]]
+
+
+class _Batches(keras.utils.PyDataset):
+    def __init__(self, global_batch, num_classes):
+        super().__init__(workers=WORKERS, max_queue_size=2 * WORKERS)
+        self.global_batch = global_batch
+        self.num_classes = num_classes
+
+    def _labels(self, y):
+        if self.num_classes is None:
+            return y
+        return np.eye(self.num_classes, dtype=np.float32)[y]
+
+
+class TrainBatches(_Batches):
+    """Shuffled, augmented float32 batches; the last partial batch of each epoch is dropped."""
+
+    def __init__(self, x, y, global_batch, augmentation=True, seed=None, crop_padding=4, num_classes=None):
+        super().__init__(global_batch, num_classes)
+        self.x, self.y = x, y
+        self.augmentation, self.crop_padding = augmentation, crop_padding
+        self.seed = 0 if seed is None else seed
+        self.epoch = 0
+        self.order = self._shuffled()
+
+    def __len__(self):
+        return len(self.x) // self.global_batch
+
+    def __getitem__(self, i):
+        index = self.order[i * self.global_batch:(i + 1) * self.global_batch]
+        images = self.x[index]
+        if self.augmentation:
+            # One stream per (seed, epoch, batch): the same batch whichever thread makes it.
+            images = augment(images, self.crop_padding, np.random.default_rng([self.seed, self.epoch, i]))
+        return images.astype(np.float32), self._labels(self.y[index])
+
+    def on_epoch_end(self):
+        self.epoch += 1
+        self.order = self._shuffled()
+
+    def _shuffled(self):
+        return np.random.default_rng([self.seed, self.epoch]).permutation(len(self.x))
+
+
+class EvalBatches(_Batches):
+    """Every image exactly once, the last batch padded with zero-weight copies (as ``data.eval_dataset``)."""
+
+    def __init__(self, x, y, global_batch, num_classes=None):
+        super().__init__(global_batch, num_classes)
+        self.x, self.y, self.weights = pad_for_evaluation(x, y, global_batch)
+
+    def __len__(self):
+        return len(self.x) // self.global_batch
+
+    def __getitem__(self, i):
+        batch = slice(i * self.global_batch, (i + 1) * self.global_batch)
+        return self.x[batch].astype(np.float32), self._labels(self.y[batch]), self.weights[batch]
+
+
+train_dataset = TrainBatches
+eval_dataset = EvalBatches
