@@ -23,6 +23,7 @@ INPUT_SHAPE = (IMAGE_SIZE, IMAGE_SIZE, CHANNELS)
 
 _REGISTRY = {}
 _RECIPES = {}
+_PREPARE = {}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -44,15 +45,27 @@ class Recipe:
     momentum: float = 0.9  # SGD only
 
 
-def register(name, recipe=Recipe()):
-    """Add a builder to the registry under ``name``, with its default training recipe."""
+def register(name, recipe=Recipe(), prepare=None):
+    """Add a builder to the registry under ``name``, with its default training recipe.
+
+    ``prepare(model, x_train)``, if given, initialises weights from the training images before
+    training (the weights file then carries the result, so export needs no data).
+    """
 
     def decorator(builder):
         _REGISTRY[name] = builder
         _RECIPES[name] = recipe
+        _PREPARE[name] = prepare
         return builder
 
     return decorator
+
+
+def prepare(name, model, x_train):
+    """Run the model's data-dependent initialisation on uint8 training images, if it has one."""
+    build_model_check(name)
+    if _PREPARE[name] is not None:
+        _PREPARE[name](model, x_train)
 
 
 def recipe(name):
@@ -191,3 +204,6 @@ def resnet9(num_classes):
     x = layers.Rescaling(RESNET9_LOGIT_SCALE, name="logit_scale")(x)
     outputs = layers.Softmax(dtype="float32", name="probabilities")(x)
     return keras.Model(inputs, outputs, name="resnet9")
+
+
+from train import airbench  # noqa: E402,F401  registers "airbench" (it uses register and Recipe above)

@@ -1,0 +1,179 @@
+"""``airbench``: Keller Jordan's airbench94 network and recipe (2024), in Keras, for every backend.
+
+The network: fixed per-channel normalisation; a frozen 2x2 convolution that whitens patches,
+initialised from the training images before training (:func:`whiten_from`; the weights file
+carries it, so export needs no data); GELU; three conv groups of widths 64/256/256, each
+conv-pool-BN-GELU-conv-BN-GELU with identity-initialised convolutions and BatchNorm without a
+learned scale; a 3x3 max pool and a bias-free linear layer scaled by 1/9.
+
+The recipe: Nesterov SGD at batch 1024 with a triangular rate, label smoothing 0.2, random
+flips and 2-pixel translations, and BatchNorm shifts that move 64x faster than the other
+weights (stored divided by 8, :class:`Shift`). airbench's lookahead weight averaging,
+alternating (rather than random) flips and its three epochs of a learned whitening bias are
+not reproduced.
+
+Test-time augmentation is part of the model (:class:`Views`): at inference it averages the
+logits of the image, its mirror and two one-pixel shifts of both (six views, airbench's level
+2), so the SavedModel, the LiteRT models and TF Serving all give the accuracy training measured,
+at six times the arithmetic of one view. Training sees one view.
+"""
+
+import keras
+import numpy as np
+from keras import layers
+
+from train.models import CIFAR10_MEAN, CIFAR10_STD, INPUT_SHAPE, Recipe, register
+
+WIDTHS = (64, 256, 256)  # channels of the three conv groups
+WHITEN_PATCH = 2  # pixels: 2x2x3 patches, 12 directions, each kept with its negative
+WHITEN_EPS = 5e-4  # added to the eigenvalues before the inverse square root
+WHITEN_IMAGES = 5000  # training images the patch statistics come from
+BATCHNORM_MOMENTUM = 0.6  # of the old statistic kept per step (airbench's BatchNorm passes PyTorch 1 - 0.6)
+BIAS_GAIN = 8.0  # BN shifts are stored divided by 8, so SGD moves them 8**2 = 64x faster
+LOGIT_SCALE = 1 / 9
+# airbench's coupled weight decay (0.0153 per 1024 images under its summed loss) on the mean loss:
+# an L2 penalty whose gradient is 1.33e-3 x the weight.
+L2 = 6.65e-4
+
+AIRBENCH_RECIPE = Recipe(
+    optimizer="sgd",  # Nesterov momentum
+    learning_rate=1.5,  # airbench's 11.5 per kilostep, for a mean rather than a summed loss
+    reference_batch=1024,
+    lr_scaling="linear",
+    schedule="triangle",  # 0.2x the peak rising to the peak at 23% of the steps, then down to 0.07x
+    warmup_fraction=0.23,
+    epochs=10,  # airbench: 9.9
+    batch_size=1024,  # images per replica per step
+    augment=True,
+    crop_padding=2,  # reflection padding: random translations of up to 2 pixels, and flips
+    label_smoothing=0.2,
+    weight_decay=0.0,  # the L2 penalty lives in the layers (L2 above)
+    momentum=0.85,
+)
+
+
+@keras.saving.register_keras_serializable(package="cifar")
+class Shift(layers.Layer):
+    """A learned per-channel bias, stored divided by ``gain`` so that SGD moves it ``gain**2`` faster."""
+
+    def __init__(self, gain=BIAS_GAIN, **kwargs):
+        super().__init__(**kwargs)
+        self.gain = gain
+
+    def build(self, input_shape):
+        self.bias = self.add_weight(name="bias", shape=(input_shape[-1],), initializer="zeros")
+
+    def call(self, x):
+        return x + keras.ops.cast(self.bias * self.gain, x.dtype)
+
+    def get_config(self):
+        return {**super().get_config(), "gain": self.gain}
+
+
+@keras.saving.register_keras_serializable(package="cifar")
+class PartialIdentity(keras.initializers.Initializer):
+    """Glorot-uniform, except that the first ``in_channels`` filters pass their input through."""
+
+    def __init__(self, seed=None):
+        self.seed = seed
+
+    def __call__(self, shape, dtype=None):
+        height, width, channels_in, channels_out = shape
+        kept = min(channels_in, channels_out)
+        identity = np.zeros(shape, dtype="float32")
+        identity[height // 2, width // 2, np.arange(kept), np.arange(kept)] = 1
+        random = keras.initializers.GlorotUniform(self.seed)(shape, dtype)
+        mask = np.zeros(shape, dtype="float32")
+        mask[..., :kept] = 1
+        return keras.ops.cast(random * (1 - mask) + identity, dtype or "float32")
+
+    def get_config(self):
+        return {"seed": self.seed}
+
+
+@keras.saving.register_keras_serializable(package="cifar")
+class Views(layers.Layer):
+    """The network's logits: of the image when training; averaged over six views at inference."""
+
+    def __init__(self, network, **kwargs):
+        super().__init__(**kwargs)
+        self.network = network
+
+    def call(self, images, training=False):
+        if training:
+            return keras.ops.cast(self.network(images, training=True), "float32")
+        padded = keras.ops.pad(images, [[0, 0], [1, 1], [1, 1], [0, 0]], mode="reflect")
+        size = INPUT_SHAPE[0]
+        views = [images, padded[:, :size, :size], padded[:, 2:, 2:]]  # as is; shifted up-left; down-right
+        views += [keras.ops.flip(view, axis=2) for view in views]
+        logits = keras.ops.cast(self.network(keras.ops.concatenate(views), training=False), "float32")
+        logits = keras.ops.reshape(logits, (len(views), -1, logits.shape[-1]))
+        weights = keras.ops.convert_to_tensor([0.25, 0.125, 0.125] * 2, "float32")
+        return keras.ops.einsum("v,vbc->bc", weights, logits)
+
+    def get_config(self):
+        return {**super().get_config(), "network": keras.saving.serialize_keras_object(self.network)}
+
+    @classmethod
+    def from_config(cls, config):
+        return cls(network=keras.saving.deserialize_keras_object(config.pop("network")), **config)
+
+
+def whiten_from(model, x_train, images=WHITEN_IMAGES):
+    """Set the frozen whitening kernel from the uncentred covariance of 2x2 training patches.
+
+    Each eigenvector, scaled by the inverse square root of its eigenvalue (plus WHITEN_EPS),
+    becomes a filter, and so does its negative: the filters' outputs on training patches
+    are decorrelated with unit variance.
+    """
+    x = (x_train[:images].astype(np.float64) - np.asarray(CIFAR10_MEAN)) / np.asarray(CIFAR10_STD)
+    patches = np.lib.stride_tricks.sliding_window_view(x, (WHITEN_PATCH, WHITEN_PATCH), axis=(1, 2))
+    patches = patches.transpose(0, 1, 2, 4, 5, 3).reshape(-1, WHITEN_PATCH * WHITEN_PATCH * x.shape[-1])
+    eigenvalues, eigenvectors = np.linalg.eigh(patches.T @ patches / len(patches))
+    filters = eigenvectors[:, ::-1] / np.sqrt(eigenvalues[::-1] + WHITEN_EPS)  # one filter per column
+    kernel = np.concatenate([filters, -filters], axis=1).reshape(WHITEN_PATCH, WHITEN_PATCH, x.shape[-1], -1)
+    whiten_layer(model).kernel.assign(kernel.astype(np.float32))
+
+
+def whiten_layer(model):
+    return model.get_layer("views").network.get_layer("whiten")
+
+
+def _conv(filters, name):
+    return layers.Conv2D(filters, 3, padding="same", use_bias=False, kernel_initializer=PartialIdentity(),
+                         kernel_regularizer=keras.regularizers.L2(L2), name=name)
+
+
+def _norm_gelu(x, name):
+    x = layers.BatchNormalization(momentum=BATCHNORM_MOMENTUM, epsilon=1e-5, center=False, scale=False,
+                                  name=f"{name}_bn")(x)
+    x = Shift(name=f"{name}_shift")(x)
+    return layers.Activation("gelu", name=f"{name}_gelu")(x)
+
+
+def _network(num_classes):
+    inputs = keras.Input(shape=INPUT_SHAPE, name="pixels")
+    x = layers.Normalization(mean=CIFAR10_MEAN, variance=[s * s for s in CIFAR10_STD], name="normalize")(inputs)
+    x = layers.Conv2D(2 * WHITEN_PATCH * WHITEN_PATCH * INPUT_SHAPE[-1], WHITEN_PATCH, use_bias=False,
+                      trainable=False, name="whiten")(x)
+    x = layers.Activation("gelu", name="whiten_gelu")(x)
+    for group, width in enumerate(WIDTHS, start=1):
+        x = _conv(width, f"group{group}_conv1")(x)
+        x = layers.MaxPooling2D(2, name=f"group{group}_pool")(x)
+        x = _norm_gelu(x, f"group{group}_1")
+        x = _conv(width, f"group{group}_conv2")(x)
+        x = _norm_gelu(x, f"group{group}_2")
+    x = layers.MaxPooling2D(3, name="final_pool")(x)
+    x = layers.Flatten(name="flatten")(x)
+    x = layers.Dense(num_classes, use_bias=False, kernel_regularizer=keras.regularizers.L2(L2), name="logits")(x)
+    outputs = layers.Rescaling(LOGIT_SCALE, name="logit_scale")(x)
+    return keras.Model(inputs, outputs, name="airbench_network")
+
+
+@register("airbench", AIRBENCH_RECIPE, prepare=whiten_from)
+def airbench(num_classes):
+    """airbench94's network (about 2 M parameters) with its test-time views inside the model."""
+    inputs = keras.Input(shape=INPUT_SHAPE, name="images")
+    logits = Views(_network(num_classes), name="views")(inputs)
+    outputs = layers.Softmax(dtype="float32", name="probabilities")(logits)
+    return keras.Model(inputs, outputs, name="airbench")

@@ -1,0 +1,62 @@
+"""Optimizers and learning-rate schedules for a recipe (train.models.Recipe).
+
+Typical usage::
+
+    optimizer = schedules.optimizer(recipe, learning_rate=0.1, schedule="onecycle", total_steps=4000)
+
+Keras is imported inside the functions: the training CLI reads :data:`SCHEDULES` before it has
+chosen the Keras backend.
+"""
+
+SCHEDULES = ("constant", "onecycle", "triangle")
+
+
+def scaled_rate(recipe, global_batch):
+    """The recipe's peak rate, scaled from its reference batch to ``global_batch``."""
+    ratio = global_batch / recipe.reference_batch
+    return recipe.learning_rate * (ratio if recipe.lr_scaling == "linear" else ratio ** 0.5)
+
+
+def optimizer(recipe, learning_rate, schedule, total_steps):
+    """The recipe's optimizer with ``schedule`` peaking at ``learning_rate`` over ``total_steps``."""
+    import keras
+
+    warmup = max(1, int(total_steps * recipe.warmup_fraction))
+    if schedule == "onecycle":
+        rate = keras.optimizers.schedules.CosineDecay(
+            initial_learning_rate=learning_rate / 10,
+            decay_steps=max(1, total_steps - warmup),
+            alpha=0.0,
+            warmup_target=learning_rate,
+            warmup_steps=warmup,
+        )
+    elif schedule == "triangle":
+        rate = triangle(learning_rate, warmup, total_steps)
+    elif schedule == "constant":
+        rate = learning_rate
+    else:
+        raise ValueError(f"unknown schedule {schedule!r}; choose from {', '.join(SCHEDULES)}")
+    weight_decay = recipe.weight_decay or None
+    if recipe.optimizer == "sgd":
+        return keras.optimizers.SGD(rate, momentum=recipe.momentum, nesterov=True, weight_decay=weight_decay)
+    return keras.optimizers.Adam(rate, weight_decay=weight_decay)
+
+
+def triangle(peak, warmup_steps, total_steps, start=0.2, end=0.07):
+    """Linear from ``start`` x peak up to the peak at ``warmup_steps``, then linear down to ``end`` x peak.
+
+    The schedule of the fast CIFAR-10 records (airbench: start 0.2, end 0.07).
+    """
+    import keras
+
+    class Triangle(keras.optimizers.schedules.LearningRateSchedule):
+        def __call__(self, step):
+            step = keras.ops.cast(step, "float32")
+            rising = start + (1 - start) * step / warmup_steps
+            falling = 1 + (end - 1) * (step - warmup_steps) / max(1, total_steps - warmup_steps)
+            return peak * keras.ops.where(step < warmup_steps, rising, keras.ops.maximum(falling, end))
+
+        def get_config(self):
+            return {"peak": peak, "warmup_steps": warmup_steps, "total_steps": total_steps, "start": start, "end": end}
+
+    return Triangle()
