@@ -453,4 +453,4 @@ def test_seed_cnn_trains_by_its_recipe_block_when_no_flag_says_otherwise():
     # Two replicas double the global batch; Adam's rate follows its square root.
     assert plan.global_batch == 2 * recipe.batch_size
     assert plan.learning_rate == pytest.approx(recipe.learning_rate * (2 * recipe.batch_size / recipe.reference_batch) ** 0.5)
-    assert (recipe.epochs, recipe.batch_size, recipe.crop_padding) == (14, 128, 0)
+    assert (recipe.epochs, recipe.batch_size, recipe.crop_padding) == (20, 128, 0)
