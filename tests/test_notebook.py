@@ -27,8 +27,8 @@ def test_notebook_is_valid_and_asks_for_a_tpu():
 def test_notebook_keeps_the_runtimes_jax_and_trains_with_the_same_cli():
     nb = nbformat.read(NOTEBOOK, as_version=4)
     code = _code(nb)
-    assert '".[train]"' in code, "installs the host's needs only"
-    for forbidden in (".[tpu]", "tensorflow-tpu", "pip uninstall", "jax[", "libtpu-releases"):
+    assert '".[train-base]"' in code, "installs what training needs beside the runtime's JAX, no TensorFlow"
+    for forbidden in (".[tpu]", ".[train]", "tensorflow", "pip uninstall", "jax[", "libtpu-releases"):
         assert forbidden not in code, forbidden
     train = [line for line in code.splitlines() if line.startswith("!") and " -m train " in line]
     assert len(train) == 1
