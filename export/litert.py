@@ -63,21 +63,16 @@ AGREEMENT_GATE = 0.985
 #: ties and ties go to the lower class id. Keeping FULLY_CONNECTED and SOFTMAX in float costs
 #: little (the convolutions do most of the work) and measured agreement (docs/benchmarks.md).
 #: ARG_MAX too: quantized, it reads the softmax rounded back to int8, so the served class_ids
-#: differed from the argmax of the served probabilities on near ties (12 and 25 of 10,000 images
-#: on the two seed_cnn models below).
+#: would differ from the argmax of the served probabilities on near ties.
 FLOAT_HEAD_OPS = ("FULLY_CONNECTED", "SOFTMAX", "ARG_MAX")
 #: Keras layers (by name) whose operators also stay float32 in the int8 model. seed_cnn's bn2 is a
 #: batch normalization between two convolutions, which the converter cannot fold into either (it
 #: stays a MUL and an ADD); its output, conv2a's input, spans both signs (bn2 learns negative
 #: scales), and rounding it to int8 is what loses most. The QuantizationDebugger shows no layer
 #: much worse than one rounding step, so the layers were found by keeping them in float one or
-#: two at a time and measuring agreement with the SavedModel on all 10,000 test images
-#: (agreement with only the head in float -> with these two layers too):
-#: 98.83% -> 99.38% on a 14-epoch seed_cnn (80.7%), 98.32% -> 99.14% on a 3-epoch one (67.0%).
-#: Either layer alone, conv2b, or input_bn with conv1a gained 0.2 point or less; all of stage 2
-#: (bn2, conv2a, conv2b) 0.1 more. conv2a is about a fifth of the model's multiply-adds, and int8
-#: and float run at about the same speed on this CPU anyway (no VNNI). Names that a model does
-#: not have are ignored: other architectures keep only the head in float.
+#: two at a time and measuring agreement with the SavedModel on all 10,000 test images (the
+#: figures are in docs/benchmarks.md). conv2a is about a fifth of the model's multiply-adds.
+#: Names that a model does not have are ignored: other architectures keep only the head in float.
 FLOAT_LAYERS = ("bn2", "conv2a")
 #: Images per call when running a model over a sample, and per calibration step.
 BATCH = 64

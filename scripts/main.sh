@@ -1,14 +1,14 @@
 #!/usr/bin/env bash
 # The main job on a fresh machine: set up, train, export, serve.
 #
-#   ./scripts/main.sh                                  # CIFAR-10 via Keras's downloader, the recipe's 14 epochs
+#   ./scripts/main.sh                                  # CIFAR-10 via Keras's downloader, the recipe's 20 epochs
 #   CIFAR_DATA=../shared/data/cifar10-jpeg.zip ./scripts/main.sh
 #
 # Environment overrides (defaults in brackets):
 #   CIFAR_DATA  'cifar10', a folder or .zip of train/<class>/ test/<class>/ images, or
 #               cifar-10-binary.tar.gz                                   [cifar10]
-#   MODEL       seed_cnn or resnet9                                      [seed_cnn]
-#   EPOCHS      passes over the training set                             [the model's recipe: 14 / 12]
+#   MODEL       seed_cnn, airbench or resnet9                            [seed_cnn]
+#   EPOCHS      passes over the training set                  [the model's recipe: 20 / 10 / 12]
 #   TRAIN_ARGS  any further `python -m train` flags, e.g. "--augment --schedule onecycle"
 #   RUN_DIR     training output                                          [runs/$MODEL]
 #   MODELS_DIR  SavedModel root (models/NAME/N/)                         [models]
