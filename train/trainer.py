@@ -105,7 +105,7 @@ def run(config, strategy=None, splits=None):
     from train import data, handover, quiet
 
     with quiet.native_startup():
-        tf = _tensorflow(backend)  # load it while its start-up noise is filtered
+        _load_tensorflow(backend)  # while its start-up noise is filtered
         from train import models
 
         try:
@@ -155,18 +155,17 @@ def run(config, strategy=None, splits=None):
     return manifest.to_dict()
 
 
-def _tensorflow(backend):
-    """TensorFlow for tf.data, or None where JAX trains without it (its input is then train.arrays)."""
+def _load_tensorflow(backend):
+    """Import TensorFlow for tf.data; without it JAX trains on train.arrays' NumPy batches."""
     try:
         import tensorflow as tf
     except ImportError:
         if backend == "tensorflow":
             raise
-        return None
+        return
     if backend != "tensorflow":
         # tf.data only feeds the host; keep TensorFlow off the accelerators JAX is using.
         tf.config.set_visible_devices([], "GPU")
-    return tf
 
 
 def _choose_backend(config, strategy):
