@@ -25,11 +25,12 @@ def hand_over(config, recipe, plan, placement, splits, output, wall_time):
     from train import models, report
 
     weights_path = os.path.join(output, WEIGHTS_FILE)
-    model = host_model(config.model, splits.num_classes, placement.backend)
-    model.load_weights(weights_path)
     probe = models.probe_batch(PROBE_SEED)
-    probe_outputs = keras.ops.convert_to_numpy(model(probe.astype("float32"), training=False))
-    evaluation = report.evaluate(model, splits, os.path.join(output, "eval"))
+    with placement.host():  # one CPU device, outside any distribution, as export computes it
+        model = models.build_model(config.model, splits.num_classes)
+        model.load_weights(weights_path)
+        probe_outputs = keras.ops.convert_to_numpy(model(probe.astype("float32"), training=False))
+        evaluation = report.evaluate(model, splits, os.path.join(output, "eval"))
     report.plot_history(os.path.join(output, "history.csv"), os.path.join(output, "curves.png"))
     samples = write_samples(splits, os.path.join(output, SAMPLES_FILE), config.seed)
 
@@ -87,18 +88,6 @@ def hand_over(config, recipe, plan, placement, splits, output, wall_time):
     manifests.write(os.path.join(output, MANIFEST_FILE), manifest)
     return manifest
 
-
-def host_model(name, num_classes, backend):
-    """A float32 model built outside any distribution (one device), as export will build it."""
-    from train import models
-
-    if backend == "tensorflow":
-        import tensorflow as tf
-
-        # One device: tests (and multi-GPU hosts) may have several, and the handover needs none of them.
-        with tf.distribute.OneDeviceStrategy("/cpu:0").scope():
-            return models.build_model(name, num_classes)
-    return models.build_model(name, num_classes)
 
 
 def write_samples(splits, path, seed):

@@ -34,7 +34,7 @@ class Placement:
     chief: bool = True  # whether this process writes the run directory
     worker: str = "chief"  # a stable name for this process, for its own backup directory
     scope: object = contextlib.nullcontext  # a callable returning the context to build and fit in
-    host: object = contextlib.nullcontext  # a callable returning the context the handover runs in
+    host: object = contextlib.nullcontext  # a callable returning the context the handover rebuilds and evaluates in
     strategy: object = None  # the tf.distribute.Strategy (TensorFlow only)
     note: str = ""  # one line worth telling the user, e.g. that no TPU was found
 

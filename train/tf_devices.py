@@ -69,8 +69,14 @@ def placement(tpu="auto", strategy=None):
         chief=is_chief(strategy),
         worker="chief" if task_type is None else f"{task_type}-{task_id}",
         scope=strategy.scope,
+        host=on_host,
         strategy=strategy,
     )
+
+
+def on_host():
+    """The handover's context: one CPU device (a host may have several GPUs; it needs none of them)."""
+    return tf.distribute.OneDeviceStrategy("/cpu:0").scope()
 
 
 def kind(strategy):

@@ -148,8 +148,7 @@ def run(config, strategy=None, splits=None):
         shutil.rmtree(workdir, ignore_errors=True)
         return None
     handover.save_weights_atomically(model, os.path.join(output, WEIGHTS_FILE))
-    with placement.host():
-        manifest = handover.hand_over(config, recipe, plan, placement, splits, output, wall_time)
+    manifest = handover.hand_over(config, recipe, plan, placement, splits, output, wall_time)
     _say(config, f"test accuracy {manifest.metrics['test_accuracy']:.4f} on {manifest.metrics['test_images']} "
                  f"images; weights and manifest in {output}")
     return manifest.to_dict()
