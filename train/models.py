@@ -21,9 +21,7 @@ from contract import CHANNELS, IMAGE_SIZE
 
 INPUT_SHAPE = (IMAGE_SIZE, IMAGE_SIZE, CHANNELS)
 
-_REGISTRY = {}
-_RECIPES = {}
-_PREPARE = {}
+_REGISTRY = {}  # name -> _Registered
 
 
 @dataclasses.dataclass(frozen=True)
@@ -53,29 +51,34 @@ def register(name, recipe=Recipe(), prepare=None):
     """
 
     def decorator(builder):
-        _REGISTRY[name] = builder
-        _RECIPES[name] = recipe
-        _PREPARE[name] = prepare
+        _REGISTRY[name] = _Registered(builder, recipe, prepare)
         return builder
 
     return decorator
 
 
+@dataclasses.dataclass(frozen=True)
+class _Registered:
+    builder: object
+    recipe: Recipe
+    prepare: object  # prepare(model, x_train), or None
+
+
+def _registered(name):
+    if name not in _REGISTRY:
+        raise ValueError(f"unknown model {name!r}; known models: {', '.join(model_names())}")
+    return _REGISTRY[name]
+
+
 def prepare(name, model, x_train):
     """Run the model's data-dependent initialisation on uint8 training images, if it has one."""
-    build_model_check(name)
-    if _PREPARE[name] is not None:
-        _PREPARE[name](model, x_train)
+    entry = _registered(name)
+    if entry.prepare is not None:
+        entry.prepare(model, x_train)
 
 
 def recipe(name):
-    build_model_check(name)
-    return _RECIPES[name]
-
-
-def build_model_check(name):
-    if name not in _REGISTRY:
-        raise ValueError(f"unknown model {name!r}; known models: {', '.join(model_names())}")
+    return _registered(name).recipe
 
 
 def probe_batch(seed, count=8):
@@ -95,8 +98,7 @@ def model_names():
 
 def build_model(name, num_classes, **kwargs):
     """Build the registered model ``name``; raises ValueError naming the known ones."""
-    build_model_check(name)
-    return _REGISTRY[name](num_classes=num_classes, **kwargs)
+    return _registered(name).builder(num_classes=num_classes, **kwargs)
 
 
 def _classifier_head(x, num_classes):
