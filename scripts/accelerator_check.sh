@@ -52,16 +52,17 @@ for model in $MODELS; do
     done
 done
 
-"$PYTHON" - "$RUNS" "$OUT" "$EXPORT" <<'PY'
-import csv, glob, json, os, statistics, sys
+# train.report imports Keras: give it a backend this interpreter has.
+KERAS_BACKEND=${BACKENDS%% *} "$PYTHON" - "$RUNS" "$OUT" "$EXPORT" <<'PY'
+import glob, json, os, statistics, sys
+from train.report import read_history
 runs, out, exported = sys.argv[1], sys.argv[2], sys.argv[3] == "1"
 result = {"gpu": open(f"{runs}/gpu.txt").read().strip(), "runs": {}}
 for manifest_path in sorted(glob.glob(f"{runs}/*/manifest.json")):
     run = os.path.dirname(manifest_path)
     manifest = json.load(open(manifest_path))
-    with open(f"{run}/history.csv", newline="") as f:
-        history = {int(row["epoch"]): row for row in csv.DictReader(f) if row["epoch"] != "epoch"}
-    epochs = [float(history[e]["epoch_time_s"]) for e in sorted(history)]
+    history = read_history(f"{run}/history.csv")
+    epochs = [row["epoch_time_s"] for row in history]
     training = manifest["training"]
     result["runs"][os.path.basename(run)] = {
         "epochs": len(epochs),
@@ -69,7 +70,7 @@ for manifest_path in sorted(glob.glob(f"{runs}/*/manifest.json")):
         "median_epoch_s": round(statistics.median(epochs[1:] or epochs), 2),
         "wall_time_s": training["wall_time_s"],
         "test_accuracy": manifest["metrics"]["test_accuracy"],
-        "test_accuracy_by_epoch": [round(float(history[e]["val_accuracy"]), 4) for e in sorted(history)],
+        "test_accuracy_by_epoch": [round(row["val_accuracy"], 4) for row in history],
         "test_images": manifest["metrics"]["test_images"],
         **{key: training[key] for key in ("backend", "hardware", "replicas", "global_batch", "precision")},
         "versions": manifest["versions"],
