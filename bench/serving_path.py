@@ -1,0 +1,154 @@
+"""Where one single-image request's time goes, in-process: the parts behind bench/serving.py's HTTP rows.
+
+Typical usage::
+
+    python bench/serving_path.py --model-dir models/cifar10 --data ../shared/data/cifar10-jpeg.zip
+
+One CIFAR-10 test JPEG is posted as a multipart upload to ``/api/v1/predict`` through Flask's test
+client (no socket, no gunicorn), or one stage of that request is called directly. Rows:
+
+* the hello-world app (bench/hello_app.py): Flask and the test client alone, the in-process floor;
+* serve with a model that answers at once (the real model's outputs, computed beforehand): the
+  server's own path, then the same without its ``before_request``/``after_request`` hooks (API
+  keys, security headers, metrics), and its parts called directly: multipart parsing, decoding,
+  ``Classifier.classify`` (decoding included), and the JSON answer;
+* the model alone, batch 1, on one thread (what each of the default two gunicorn workers gives
+  it) and on every core;
+* serve with the model in its default runtime and threads.
+
+Each row is the median of ``--calls`` timed calls; rows are measured in ``--repeats`` interleaved
+rounds and the medians of the rounds' medians printed, so load that comes and goes touches every row.
+"""
+
+import argparse
+import io
+import os
+import statistics
+import sys
+import tempfile
+import time
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+
+from bench import hello_app  # noqa: E402
+from bench.serving import cpu_model, load_average, read_test_jpegs  # noqa: E402
+from bench.serving_http import BOUNDARY, PREDICT_PATH, multipart  # noqa: E402
+
+CONTENT_TYPE = f"multipart/form-data; boundary={BOUNDARY}"
+
+
+class Answered:
+    """A backend with ``backend``'s metadata whose ``predict`` returns outputs computed beforehand."""
+
+    kind = "local"
+
+    def __init__(self, backend, pixels):
+        self._meta = backend.metadata()
+        self._outputs = backend.predict(pixels)
+
+    def metadata(self):
+        return self._meta
+
+    def predict(self, images):
+        return self._outputs
+
+    def ready(self):
+        return self._meta["version"]
+
+
+def median_ms(fn, calls, warmup=100):
+    for _ in range(warmup):
+        fn()
+    times = []
+    for _ in range(calls):
+        started = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - started)
+    return statistics.median(times) * 1000.0
+
+
+def poster(app, body):
+    client = app.test_client()
+
+    def post():
+        answer = client.post(PREDICT_PATH, data=body, content_type=CONTENT_TYPE)
+        if answer.status_code != 200:
+            raise RuntimeError(f"{answer.status_code}: {answer.get_data(as_text=True)[:200]}")
+
+    return post
+
+
+def build_rows(model_dir, jpeg):
+    """``[(label, fn)]``, every row's call ready to time."""
+    from flask import jsonify
+
+    from serve import classify, create_app, images, runtimes, uploads
+
+    body = multipart([("image.jpg", jpeg)])
+    served = create_app({"MODEL_DIR": model_dir})
+    backend = served.extensions["serve.backend"]
+    backend.wait_loaded()
+    pixels = images.decode(jpeg)[0][None]
+    answered = create_app({"MODEL_DIR": model_dir}, backend=Answered(backend, pixels))
+    bare = create_app({"MODEL_DIR": model_dir}, backend=Answered(backend, pixels))
+    bare.before_request_funcs.clear()
+    bare.after_request_funcs.clear()
+    classifier = answered.extensions["serve.classifier"]
+    upload = [classify.Upload("image.jpg", jpeg)]
+    meta, slots = classifier.classify(upload, 3)
+
+    def parse():
+        with answered.test_request_context(PREDICT_PATH, method="POST", input_stream=io.BytesIO(body),
+                                           content_type=CONTENT_TYPE, content_length=len(body)):
+            uploads.parse()
+
+    def answer_json():
+        with answered.app_context():
+            jsonify({"model": classify.model_info(meta), "predictions": [classify.public(s) for s in slots]})
+
+    version_dir = os.path.join(model_dir, str(backend.metadata()["version"]))
+    cores = len(os.sched_getaffinity(0))
+    threads = served.config["RUNTIME_THREADS"] or runtimes.default_threads()  # what the served model got
+    one_thread = runtimes.load(backend.runtime, version_dir, 1)
+    every_core = runtimes.load(backend.runtime, version_dir, cores)
+    return [
+        ("hello-world app (Flask + test client)", poster(hello_app.create_app(), body)),
+        ("serve, model answering at once", poster(answered, body)),
+        ("  the same without the before/after hooks", poster(bare, body)),
+        ("  multipart parsing (in a request context)", parse),
+        ("  decoding the JPEG (Pillow)", lambda: images.decode(jpeg)),
+        ("  Classifier.classify, decoding included", lambda: classifier.classify(upload, 3)),
+        ("  the JSON answer", answer_json),
+        (f"model alone ({backend.runtime}), batch 1, 1 thread", lambda: one_thread.pixels(pixels)),
+        (f"model alone ({backend.runtime}), batch 1, {cores} threads", lambda: every_core.pixels(pixels)),
+        (f"serve with the model ({backend.runtime}, {threads} thread{'s' * (threads > 1)})", poster(served, body)),
+    ]
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--model-dir", default="models/cifar10", help="model directory holding version folders N/")
+    p.add_argument("--data", default="../shared/data/cifar10-jpeg.zip", help="CIFAR-10 JPEG zip: test/<class>/ images")
+    p.add_argument("--calls", type=int, default=2000, help="timed calls per row and round")
+    p.add_argument("--repeats", type=int, default=3, help="interleaved rounds over every row")
+    args = p.parse_args(argv)
+    # Metrics as under gunicorn: prometheus-client's multiprocess files.
+    os.environ["PROMETHEUS_MULTIPROC_DIR"] = tempfile.mkdtemp(prefix="bench-serving-path-")
+    [(_, _, jpeg)] = read_test_jpegs(args.data, 1)
+    rows = build_rows(os.path.abspath(args.model_dir), jpeg)
+
+    print(f"command: python bench/serving_path.py {' '.join(sys.argv[1:] if argv is None else argv)}")
+    print(f"machine: {cpu_model()}, {os.cpu_count()} CPUs; load average at start {load_average()}\n")
+    rounds = [[median_ms(fn, args.calls) for _, fn in rows] for _ in range(args.repeats)]
+    print(f"| stage | p50 ms (median of {args.repeats} rounds) | per round |")
+    print("|---|---:|---|")
+    for index, (label, _) in enumerate(rows):
+        values = [r[index] for r in rounds]
+        print(f"| {label} | {statistics.median(values):.3f} | {' / '.join(f'{v:.3f}' for v in values)} |")
+    print(f"\nload average at the end: {load_average()}")
+
+
+if __name__ == "__main__":
+    main()
