@@ -13,7 +13,8 @@ Sections:
   sample are compared too (export publishes only one of them).
 * raw: each runtime of serve/runtimes.py called in-process on uint8 pixels at batch 1, 32, 64,
   one call after another, with every core (LiteRT: ``num_threads`` = cores).
-* HTTP: ``python -m serve`` under gunicorn with ``SERVE_RUNTIME`` set to each runtime in turn,
+* HTTP: ``python -m serve`` under gunicorn with ``SERVE_RUNTIME`` set to each runtime in turn
+  (``--servers litert,litert@2`` picks them, ``@N`` setting ``SERVE_RUNTIME_THREADS``),
   and the floor, bench/hello_app.py (a fixed JSON answer) under the same gunicorn configuration,
   driven by ``wrk`` posting a prepared multipart body of CIFAR JPEGs (bench/wrk/post_body.lua):
   one image at concurrency 1 and 32, and 64 images per request on two connections. After its
@@ -150,6 +151,8 @@ def main(argv=None):
     p.add_argument("--raw-seconds", type=float, default=2.0, help="seconds per in-process row")
     p.add_argument("--serve-env", action="append", default=[], metavar="KEY=VALUE", help="extra environment for every server")
     p.add_argument("--skip-http", action="store_true", help="only the in-process sections")
+    p.add_argument("--servers", help="HTTP servers to run, comma-separated RUNTIME or RUNTIME@THREADS (SERVE_RUNTIME_THREADS), "
+                                     "e.g. litert,litert@2 (default: every runtime the version has)")
     args = p.parse_args(argv)
     if not args.skip_http and not shutil.which("wrk"):
         sys.exit("wrk not found: apt-get install -y wrk")
@@ -188,7 +191,7 @@ def main(argv=None):
     models = {rt: runtimes.load(rt, version_dir, cores) for rt in RUNTIMES
               if os.path.isfile(os.path.join(version_dir, runtimes.MODEL_FILES[rt]))}
     raw_rounds, http_rounds, rss = [], [], {}
-    names = ([] if args.skip_http else [*models, FLOOR])
+    names = [] if args.skip_http else [*(args.servers.split(",") if args.servers else models), FLOOR]
     for _ in range(args.repeats):
         raw_rounds.append(raw_round(models, images, args.raw_seconds))
         round_rows = {}

@@ -122,7 +122,10 @@ def serve_round(name, model_dir, bodies, args, logdir):
         runs = FLOOR_RUNS
     else:
         argv = [sys.executable, "-m", "serve", "--model-dir", model_dir, "--host", "127.0.0.1", "--port", str(port)]
-        env["SERVE_RUNTIME"] = name
+        runtime, _, threads = name.partition("@")  # "litert@2": the litert runtime on 2 threads
+        env["SERVE_RUNTIME"] = runtime
+        if threads:
+            env["SERVE_RUNTIME_THREADS"] = threads
         runs = HTTP_RUNS
     server = Server(argv, env, os.path.join(logdir, f"{name.replace(' ', '-')}.log"))
     url = f"http://127.0.0.1:{port}{PREDICT_PATH}"
