@@ -1,10 +1,11 @@
 """gunicorn settings: ``gunicorn -c python:serve.gunicorn_conf "serve:create_app()"``.
 
 Layout for a small CPU machine: two worker processes (one on a single core), 16 threads each.
-The model runs in TensorFlow's own thread pool; the threads parse, decode and wait on their
-worker's micro-batcher. A second process gives request handling a second GIL: on 2 cores two
-workers beat one on the medians of nine benchmark rounds at 1, 32 and 2 (64-image) concurrent
-clients, if less steadily at 32 (docs/benchmarks.md). Each worker loads the model.
+The model runs on its runtime's own threads (``SERVE_RUNTIME_THREADS``); the request threads
+parse, decode and wait on their worker's micro-batcher. A second process gives request handling
+a second GIL: on 2 cores two workers beat one on the medians of nine benchmark rounds at 1, 32
+and 2 (64-image) concurrent clients, if less steadily at 32 (docs/benchmarks.md). Each worker
+loads the model.
 ``WEB_CONCURRENCY`` sets the processes, ``GUNICORN_THREADS`` the threads per process; serve/README.md
 lists every variable read here.
 """

@@ -60,12 +60,16 @@ def check(runtime):
     return runtime
 
 
-def default_threads(environ=None):
-    """Threads for one model call: this process's share of the cores among gunicorn's workers."""
-    env = os.environ if environ is None else environ
-    cores = len(os.sched_getaffinity(0))
-    workers = int(env.get("WEB_CONCURRENCY") or min(2, cores))
-    return max(1, cores // max(1, workers))
+def default_threads():
+    """Threads for one model call: every core this process may run on, though gunicorn's workers share them.
+
+    A lone request then has the idle cores to itself; under load the batcher's batches keep the
+    calls few. On the 2-core benchmark machine, two threads a call answered single images at c=1
+    about 1 ms sooner than one thread a worker, and no slower at c=32 (``bench/serving.py
+    --servers litert,litert@1``; docs/benchmarks.md). Where a CPU limit caps the process below
+    the cores it sees (a container), set ``SERVE_RUNTIME_THREADS`` to fit the limit instead.
+    """
+    return len(os.sched_getaffinity(0))
 
 
 def versions(model_dir, runtime):

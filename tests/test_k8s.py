@@ -390,7 +390,7 @@ def test_front_end_environment_is_what_the_server_reads(rendered, target):
     # One gunicorn worker per requested core (gunicorn_conf counts the node's cores, not the limit).
     workers = int(env["WEB_CONCURRENCY"])
     assert workers == int(c["resources"]["requests"]["cpu"]) == int(c["resources"]["limits"]["cpu"])
-    # Likewise the model's threads: left to itself each worker would take the node's cores / workers.
+    # Likewise the model's threads: left to itself each worker would take every core of the node.
     assert workers * int(env["SERVE_RUNTIME_THREADS"]) <= int(c["resources"]["limits"]["cpu"])
 
 
