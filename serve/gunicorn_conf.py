@@ -53,6 +53,28 @@ def post_fork(server, worker):
         _limit_malloc_arenas(MALLOC_ARENAS)
 
 
+def post_worker_init(worker):
+    # gunicorn answers requests it cannot parse (400, 414, 431...) itself, in HTML, and offers no
+    # setting for the format; every other error of this server is JSON, so these are too.
+    from gunicorn import util
+
+    util.write_error = _write_json_error
+
+
+def _write_json_error(sock, status_int, reason, mesg):
+    """gunicorn's ``util.write_error``, answering ``{"error": ...}`` instead of an HTML page."""
+    import json
+
+    from gunicorn import util
+
+    body = json.dumps({"error": f"{reason}: {mesg}" if mesg else reason}).encode()
+    head = (
+        f"HTTP/1.1 {status_int} {reason}\r\nConnection: close\r\nContent-Type: application/json\r\n"
+        f"X-Content-Type-Options: nosniff\r\nContent-Length: {len(body)}\r\n\r\n"
+    )
+    util.write_nonblock(sock, head.encode("latin-1") + body)
+
+
 def _limit_malloc_arenas(count):
     import ctypes
 

@@ -425,6 +425,19 @@ def exchange(port, data, timeout=60, half_close=False):
     return int(head.split(b" ", 2)[1])
 
 
+def whole_answer(port, data, timeout=60):
+    """Send raw bytes; return ``(status, headers as a lower-cased dict, body)`` of an answer that closes."""
+    with socket.create_connection(("127.0.0.1", port), timeout=timeout) as sock:
+        sock.sendall(data)
+        answer = b""
+        while chunk := sock.recv(65536):
+            answer += chunk
+    head, _, body = answer.partition(b"\r\n\r\n")
+    status_line, *lines = head.decode("latin-1").split("\r\n")
+    headers = {name.strip().lower(): value.strip() for name, _, value in (line.partition(":") for line in lines)}
+    return int(status_line.split(" ", 2)[1]), headers, body
+
+
 def _request(method, path, headers=(), body=b""):
     lines = [f"{method} {path} HTTP/1.1".encode(), b"Host: test", *headers, b"Connection: close"]
     return b"\r\n".join(lines) + b"\r\n\r\n" + body
@@ -446,6 +459,23 @@ def test_oversized_or_broken_request_heads_are_4xx(hostile_server):
     assert exchange(port, _request("POST", "/api/v1/predict", [b"Content-Length: 5", b"Transfer-Encoding: chunked"])) == 400
     assert exchange(port, _request("POST", "/api/v1/predict", [b"Content-Length: 99999999999999999999"])) == 413
     assert exchange(port, b"GET /healthz\r\n\r\n") == 400
+
+
+def test_the_answers_gunicorn_gives_itself_are_json_errors(hostile_server):
+    port = hostile_server["port"]
+    cases = [
+        (_request("GET", "/api/v1/model", [b"X-Big: " + b"a" * 100_000]), 431, "Request Header Fields Too Large"),
+        (_request("GET", "/api/v1/model?" + "a" * 100_000), 414, "URI Too Long"),
+        (_request("GET", "/api/v1/model", [b"Bad Name: 1"]), 400, "Bad Request"),
+    ]
+    for data, status, reason in cases:
+        code, headers, body = whole_answer(port, data)
+        assert code == status
+        assert headers["content-type"] == "application/json"
+        assert headers["x-content-type-options"] == "nosniff"
+        assert int(headers["content-length"]) == len(body)
+        error = json.loads(body)["error"]
+        assert error.startswith(reason), error
 
 
 def test_slow_clients_do_not_hold_up_others(hostile_server, image):
