@@ -91,8 +91,9 @@ def build_rows(model_dir, jpeg):
     backend = served.extensions["serve.backend"]
     backend.wait_loaded()
     pixels = images.decode(jpeg)[0][None]
-    answered = create_app({"MODEL_DIR": model_dir}, backend=Answered(backend, pixels))
-    bare = create_app({"MODEL_DIR": model_dir}, backend=Answered(backend, pixels))
+    instant = Answered(backend, pixels)
+    answered = create_app({"MODEL_DIR": model_dir}, backend=instant)
+    bare = create_app({"MODEL_DIR": model_dir}, backend=instant)
     bare.before_request_funcs.clear()
     bare.after_request_funcs.clear()
     classifier = answered.extensions["serve.classifier"]

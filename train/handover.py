@@ -89,7 +89,6 @@ def hand_over(config, recipe, plan, placement, splits, output, wall_time):
     return manifest
 
 
-
 def write_samples(splits, path, seed):
     """A seeded subset of each split, uint8, for export to calibrate and verify quantized models."""
     import numpy as np
