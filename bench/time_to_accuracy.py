@@ -43,13 +43,14 @@ def report(output, target, total, train_args):
     elapsed, reached = 0.0, None
     for row in history:
         elapsed += row["epoch_time_s"]
-        if reached is None and row["val_accuracy"] >= target:
+        if reached is None and row.get("val_accuracy", 0) >= target:  # absent: not evaluated (--validation-freq)
             reached = (int(row["epoch"]) + 1, elapsed)
     print(f"command: python -m train {' '.join(train_args)}")
     print(f"precision {manifest['training']['precision']}, global batch {manifest['training']['global_batch']}, "
           f"{len(history)} epochs, {sum(r['epoch_time_s'] for r in history):.0f} s in epochs, {total:.0f} s end to end")
     for row in history:
-        print(f"  epoch {int(row['epoch']) + 1:3d}  {row['epoch_time_s']:6.1f} s  test accuracy {row['val_accuracy']:.4f}")
+        accuracy = f"{row['val_accuracy']:.4f}" if "val_accuracy" in row else "not evaluated"
+        print(f"  epoch {int(row['epoch']) + 1:3d}  {row['epoch_time_s']:6.1f} s  test accuracy {accuracy}")
     print(f"final test accuracy (all {manifest['metrics']['test_images']} images): {manifest['metrics']['test_accuracy']:.4f}")
     if reached:
         print(f"reached {target:.2%} after epoch {reached[0]}: {reached[1]:.0f} s ({reached[1] / 60:.1f} min) of training")

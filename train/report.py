@@ -55,7 +55,8 @@ def read_history(path):
         for row in csv.DictReader(f):
             if row.get("epoch", "epoch") == "epoch":  # a header repeated by an appending resume
                 continue
-            rows[int(row["epoch"])] = {k: float(v) for k, v in row.items() if v not in ("", None)}
+            # "NA": a test metric of an epoch that was not evaluated (--validation-freq).
+            rows[int(row["epoch"])] = {k: float(v) for k, v in row.items() if v not in ("", "NA", None)}
     return [rows[e] for e in sorted(rows)]
 
 

@@ -56,6 +56,7 @@ class Config:
     precision: str = "auto"
     tpu: str = "auto"
     steps_per_execution: int = None  # None: 32 on TPU, 1 elsewhere
+    validation_freq: int = 1  # evaluate on the test split every N epochs (the handover always does at the end)
     profile_steps: tuple = None
     seed: int = 0
     overwrite: bool = False
@@ -257,6 +258,7 @@ def _fit(config, recipe, plan, placement, splits, workdir):
             epochs=plan.epochs,
             steps_per_epoch=plan.steps_per_epoch,
             validation_data=val_ds,
+            validation_freq=config.validation_freq,
             shuffle=False,  # the dataset shuffles itself
             callbacks=_callbacks(config, placement, workdir),
             verbose=config.verbose,
@@ -366,6 +368,9 @@ def build_parser():
                    help="'auto' (use a TPU when present), 'none', 'local' (TPU VM, Colab), a TPU name or grpc:// address")
     p.add_argument("--steps-per-execution", type=_positive_int,
                    help=f"steps per compiled call (default: {TPU_STEPS_PER_EXECUTION} on TPU, 1 elsewhere)")
+    p.add_argument("--validation-freq", type=_positive_int, default=1, metavar="N",
+                   help="evaluate on the test split every N epochs; the run's test accuracy is measured at the "
+                        "end either way (default: every epoch)")
     p.add_argument("--profile-steps", type=_profile_steps, metavar="A,B",
                    help="capture a TensorBoard profile of steps A to B")
     p.add_argument("--seed", type=int, default=0, help="random seed (default: %(default)s)")
@@ -380,7 +385,8 @@ def main(argv=None):
         data=args.data, output=args.output, model=args.model, backend=args.backend, epochs=args.epochs, batch_size=args.batch_size,
         learning_rate=args.learning_rate, schedule=args.schedule, augment=args.augment,
         crop_padding=args.crop_padding, label_smoothing=args.label_smoothing, precision=args.precision, tpu=args.tpu,
-        steps_per_execution=args.steps_per_execution, profile_steps=args.profile_steps, seed=args.seed,
+        steps_per_execution=args.steps_per_execution, validation_freq=args.validation_freq,
+        profile_steps=args.profile_steps, seed=args.seed,
         overwrite=args.overwrite,
         # A progress bar on a terminal; one line per epoch in a log file.
         verbose=0 if args.quiet else (1 if sys.stdout.isatty() else 2),
