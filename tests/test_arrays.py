@@ -63,3 +63,45 @@ def test_evaluation_matches_the_tf_data_pipeline_batch_for_batch():
         for a, b in zip(got, (images.numpy(), labels.numpy(), weights.numpy())):
             np.testing.assert_array_equal(a, b)
     assert sum(batches[i][2].sum() for i in range(len(batches))) == len(x)
+
+
+def _marked(count):
+    """``count`` images, each all zeros but for a 255 in its top-left corner, labelled by its index."""
+    x = np.zeros((count, 32, 32, 3), np.uint8)
+    x[:, 0, 0, :] = 255
+    return x, np.arange(count)
+
+
+def _mirrored_by_epoch(batches_of_each_epoch, count):
+    """For each epoch, whether each image (by label) came out mirrored."""
+    result = []
+    for batches in batches_of_each_epoch:
+        mirrored = np.full(count, -1)
+        for images, labels in batches:
+            mirrored[np.asarray(labels)] = np.asarray(images)[:, 0, -1, 0] == 255
+        result.append(mirrored)
+    return result
+
+
+def test_alternating_flips_mirror_each_image_in_every_other_epoch_in_both_pipelines():
+    import itertools
+
+    x, y = _marked(32)
+    first = data.first_flips(len(x), seed=7)
+    assert 0 < first.sum() < len(x)
+    tf_batches = iter(data.train_dataset(x, y, global_batch=8, seed=7, crop_padding=0, alternate_flips=True))
+    tf_epochs = [list(itertools.islice(tf_batches, 4)) for _ in range(3)]  # repeats without end: 4 steps an epoch
+    numpy_batches = arrays.train_dataset(x, y, global_batch=8, seed=7, crop_padding=0, alternate_flips=True)
+    numpy_epochs = []
+    for _ in range(3):
+        numpy_epochs.append([numpy_batches[i] for i in range(len(numpy_batches))])
+        numpy_batches.on_epoch_end()
+    for epochs in (tf_epochs, numpy_epochs):
+        mirrored = _mirrored_by_epoch(epochs, len(x))
+        np.testing.assert_array_equal(mirrored[0], first)
+        np.testing.assert_array_equal(mirrored[1], ~first)
+        np.testing.assert_array_equal(mirrored[2], first)
+    # Random flips, as before, when the recipe does not ask for alternation.
+    random = arrays.train_dataset(x, y, global_batch=8, seed=7, crop_padding=0)
+    mirrored = _mirrored_by_epoch([[random[i] for i in range(len(random))]], len(x))[0]
+    assert not np.array_equal(mirrored, first) and 0 < mirrored.sum() < len(x)

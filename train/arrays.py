@@ -18,18 +18,18 @@ import keras
 import numpy as np
 
 from contract import IMAGE_SIZE
-from train.data import pad_for_evaluation
+from train.data import first_flips, pad_for_evaluation
 
 WORKERS = max(1, min(4, (os.cpu_count() or 1) - 1))  # batch-making threads beside the training loop
 
 
-def augment(images, pad, rng):
-    """Random crop after ``pad``-pixel reflection padding (none when 0), and a random horizontal flip.
+def augment(images, pad, rng, flips=None):
+    """Random crop after ``pad``-pixel reflection padding (none when 0), and a horizontal flip (``flips``, or at random).
 
     The NumPy twin of :func:`train.data.augment`: one gather, the flip folded into the column index.
     """
     n = len(images)
-    flip = rng.random(n) < 0.5
+    flip = rng.random(n) < 0.5 if flips is None else flips
     cols = np.where(flip[:, None], np.arange(IMAGE_SIZE - 1, -1, -1), np.arange(IMAGE_SIZE))
     rows = np.broadcast_to(np.arange(IMAGE_SIZE), (n, IMAGE_SIZE))
     if pad:
@@ -54,11 +54,13 @@ class _Batches(keras.utils.PyDataset):
 class TrainBatches(_Batches):
     """Shuffled, augmented float32 batches; the last partial batch of each epoch is dropped."""
 
-    def __init__(self, x, y, global_batch, augmentation=True, seed=None, crop_padding=4, num_classes=None):
+    def __init__(self, x, y, global_batch, augmentation=True, seed=None, crop_padding=4, num_classes=None,
+                 alternate_flips=False):
         super().__init__(global_batch, num_classes)
         self.x, self.y = x, y
         self.augmentation, self.crop_padding = augmentation, crop_padding
         self.seed = 0 if seed is None else seed
+        self.first_flips = first_flips(len(x), seed) if alternate_flips else None
         self.epoch = 0
         self.order = self._shuffled()
 
@@ -70,7 +72,8 @@ class TrainBatches(_Batches):
         images = self.x[index]
         if self.augmentation:
             # One stream per (seed, epoch, batch): the same batch whichever thread makes it.
-            images = augment(images, self.crop_padding, np.random.default_rng([self.seed, self.epoch, i]))
+            flips = None if self.first_flips is None else self.first_flips[index] ^ (self.epoch % 2 == 1)
+            images = augment(images, self.crop_padding, np.random.default_rng([self.seed, self.epoch, i]), flips)
         return images.astype(np.float32), self._labels(self.y[index])
 
     def on_epoch_end(self):

@@ -214,17 +214,19 @@ def _check(splits, source):
 # --- tf.data pipelines (train.arrays has their TensorFlow-free twins) -------------------
 
 
-def augment(images, pad=4):
-    """Random crop after ``pad``-pixel reflection padding (none when ``pad`` is 0), and a random horizontal flip.
+def augment(images, pad=4, flips=None):
+    """Random crop after ``pad``-pixel reflection padding (none when ``pad`` is 0), and a horizontal flip.
 
-    Works on a batch of uint8 images with a static shape; every op runs on a TPU. The flip is
-    folded into the column gather (reversed column indices) rather than a reverse and a select
-    over the whole batch: on the CPU that takes a quarter to a third off the pipeline's cost.
+    Works on a batch of uint8 images with a static shape; every op runs on a TPU. ``flips``
+    (bool, one per image) says which images to mirror; without it each is mirrored at random.
+    The flip is folded into the column gather (reversed column indices) rather than a reverse
+    and a select over the whole batch: on the CPU that takes a quarter to a third off the
+    pipeline's cost.
     """
     import tensorflow as tf
 
     batch = tf.shape(images)[0]
-    flip = tf.random.uniform([batch, 1]) < 0.5
+    flip = tf.random.uniform([batch, 1]) < 0.5 if flips is None else flips[:, None]
     cols = tf.where(flip, tf.range(IMAGE_SIZE - 1, -1, -1)[None, :], tf.range(IMAGE_SIZE)[None, :])
     if pad == 0:
         return tf.gather(images, cols, axis=2, batch_dims=1)
@@ -236,18 +238,35 @@ def augment(images, pad=4):
     return tf.gather(cropped, dx + cols, axis=2, batch_dims=1)
 
 
-def train_dataset(x, y, global_batch, augmentation=True, seed=None, crop_padding=4, num_classes=None):
+def first_flips(count, seed):
+    """Which of ``count`` images are mirrored in even epochs under alternating flips (odd epochs: the others)."""
+    return np.random.default_rng([0 if seed is None else seed, 1]).random(count) < 0.5
+
+
+def train_dataset(x, y, global_batch, augmentation=True, seed=None, crop_padding=4, num_classes=None,
+                  alternate_flips=False):
     """Shuffled, augmented, static-shape batches (``drop_remainder=True``), repeated per epoch.
 
     Labels are one-hot over ``num_classes`` when it is given (for label smoothing), else integers.
+    With ``alternate_flips`` (and ``augmentation``) each image is mirrored in every other epoch,
+    starting from :func:`first_flips`, rather than at random (airbench: more distinct views in few
+    epochs); the dataset then repeats without end and counts its own epochs, from 0 again when a
+    run resumes.
     """
     import tensorflow as tf
 
-    ds = tf.data.Dataset.from_tensor_slices((x, y)).cache()
+    alternate = augmentation and alternate_flips
+    columns = (x, y, first_flips(len(x), seed)) if alternate else (x, y)
+    ds = tf.data.Dataset.from_tensor_slices(columns).cache()
     ds = ds.shuffle(len(x), seed=seed, reshuffle_each_iteration=True)
     ds = ds.batch(global_batch, drop_remainder=True)
+    if alternate:
+        steps = len(x) // global_batch
+        ds = ds.repeat().enumerate().map(
+            lambda step, batch: (batch[0], batch[1], tf.not_equal(batch[2], (step // steps) % 2 == 1)))
     if augmentation:
-        ds = ds.map(lambda images, labels: (augment(images, crop_padding), labels), num_parallel_calls=tf.data.AUTOTUNE)
+        ds = ds.map(lambda images, labels, *flips: (augment(images, crop_padding, *flips), labels),
+                    num_parallel_calls=tf.data.AUTOTUNE)
     ds = ds.map(lambda images, labels: (tf.cast(images, tf.float32), _labels(tf, labels, num_classes)))
     return ds.prefetch(tf.data.AUTOTUNE)
 
