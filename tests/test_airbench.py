@@ -8,7 +8,7 @@ import pytest
 
 import synthetic
 from contract import MANIFEST_FILE
-from train import airbench, models, trainer
+from train import airbench, models, report, trainer
 from train.hardware import Placement
 
 
@@ -43,6 +43,122 @@ def test_convolutions_start_as_the_identity_on_their_input_channels():
         expected[1, 1, i] = 1
         np.testing.assert_array_equal(kernel[..., i], expected)
     assert np.abs(kernel[..., 4:]).sum() > 0, "the other filters are random"
+
+
+def test_weights_start_at_pytorchs_default_scale():
+    model = models.build_model("airbench", num_classes=10)
+    network = model.get_layer("views").network
+    kernel = network.get_layer("group2_conv1").kernel.numpy()[..., 64:]  # filters past the identity ones
+    bound = 1 / np.sqrt(3 * 3 * 64)  # PyTorch's 1 / sqrt(fan_in); Glorot would allow 0.0456
+    assert bound * 0.95 < np.abs(kernel).max() <= bound
+    logits = network.get_layer("logits").kernel.numpy()
+    assert 1 / 16 * 0.9 < np.abs(logits).max() <= 1 / 16
+
+
+def _lookahead_reference(start, steps_per_epoch, epochs, total, steps):
+    """airbench94's training loop with its lookahead, transcribed: ``steps[k]`` is what step k adds to the weights."""
+    net, average, step, ends = np.zeros_like(steps[0]), None, 0, []
+    for epoch in range(epochs):
+        for _ in range(steps_per_epoch):
+            net = net + steps[step]
+            step += 1
+            if epoch >= start and step % 5 == 0:
+                if average is None:
+                    average = net.copy()
+                else:
+                    decay = 0.95 ** 5 * (step / total) ** 3
+                    average = average + (1 - decay) * (net - average)  # lerp_(net, 1 - decay)
+                    net = average.copy()
+        if average is not None:
+            net = average.copy()
+        ends.append(net)
+    return ends
+
+
+def test_lookahead_averages_as_airbench_does_and_a_resumed_run_continues_exactly():
+    import keras
+
+    steps_per_epoch, epochs = 7, 7  # updates every 5 steps fall across epoch boundaries
+    total = steps_per_epoch * epochs
+    inputs = keras.Input((3,))
+    model = keras.Model(inputs, keras.layers.BatchNormalization(name="bn")(keras.layers.Dense(4, name="d")(inputs)))
+    weights = [w for w in model.weights]
+    assert any(not w.trainable for w in weights), "BatchNorm's statistics are averaged too"
+    sizes = [int(np.prod(w.shape)) for w in weights]
+    rng = np.random.default_rng(0)
+    steps = rng.normal(size=(total, sum(sizes)))
+
+    def flat():
+        return np.concatenate([w.numpy().ravel() for w in weights])
+
+    def drive(restart_at=None):
+        for w in weights:
+            w.assign(np.zeros(w.shape))
+        callback, ends = None, []
+        for epoch in range(epochs):
+            if callback is None or epoch == restart_at:  # a new process resuming from the epoch's backup
+                callback = airbench.Lookahead(total)
+                callback.set_model(model)
+                callback.set_params({"steps": steps_per_epoch})
+            callback.on_epoch_begin(epoch)
+            for batch in range(steps_per_epoch):
+                for w, part in zip(weights, np.split(steps[epoch * steps_per_epoch + batch], np.cumsum(sizes)[:-1])):
+                    w.assign(w.numpy() + part.reshape(w.shape))
+                callback.on_train_batch_end(batch)
+            ends.append(flat())
+        return ends
+
+    expected = _lookahead_reference(airbench.LOOKAHEAD_START_EPOCH, steps_per_epoch, epochs, total, steps)
+    np.testing.assert_allclose(np.cumsum(steps[:steps_per_epoch], axis=0)[-1], expected[0])  # no averaging yet
+    for ends in (drive(), drive(restart_at=5)):
+        np.testing.assert_allclose(ends, expected, rtol=1e-5, atol=1e-5)
+
+
+def test_the_whitening_bias_learns_for_three_epochs_then_holds():
+    import keras
+
+    hold = [c for c in models.training_callbacks("airbench", 480) if isinstance(c, airbench.HoldFrom)]
+    assert len(hold) == 1 and hold[0].epoch == airbench.WHITEN_BIAS_EPOCHS == 3
+    built = models.build_model("airbench", num_classes=3)
+    assert hold[0].get_variable(built) is airbench.whiten_bias(built) and airbench.whiten_bias(built).trainable
+
+    inputs = keras.Input((4,))
+    model = keras.Model(inputs, keras.layers.Dense(2, name="d")(inputs))
+    model.compile(optimizer=keras.optimizers.SGD(0.1, momentum=0.85, nesterov=True), loss="mse")
+    biases, kernels = [], []
+    record = keras.callbacks.LambdaCallback(on_epoch_end=lambda epoch, logs: (
+        biases.append(model.get_layer("d").bias.numpy().copy()), kernels.append(model.get_layer("d").kernel.numpy().copy())))
+    x = np.random.default_rng(0).normal(size=(64, 4)).astype(np.float32)
+    model.fit(x, x[:, :2] + 1, batch_size=8, epochs=3, verbose=0,
+              callbacks=[airbench.HoldFrom(lambda m: m.get_layer("d").bias, epoch=1), record])
+    assert np.abs(biases[0]).max() > 0.01, "it learns in the first epoch"
+    np.testing.assert_array_equal(biases[1], biases[0])  # then holds, momentum and all
+    np.testing.assert_array_equal(biases[2], biases[0])
+    assert not np.allclose(kernels[2], kernels[1]), "the other weights keep learning"
+
+
+def test_the_recipe_callbacks_set_the_weights_under_jax_as_under_tensorflow(tmp_path):
+    """Keras's JAX trainer keeps the training state apart from the variables between steps: the callbacks
+    must reach it there, on 8 data-parallel devices, and give what the same fit gives under TensorFlow."""
+    import os
+    import subprocess
+    import sys
+
+    import recipe_callbacks_fit
+
+    env = {k: v for k, v in os.environ.items() if k != "JAX_PLATFORMS"}
+    env.update(KERAS_BACKEND="jax", TF_CPP_MIN_LOG_LEVEL="3", XLA_FLAGS="--xla_force_host_platform_device_count=8")
+    out = tmp_path / "jax.npz"
+    result = subprocess.run([sys.executable, recipe_callbacks_fit.__file__, str(out)], env=env, capture_output=True,
+                            text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    under_jax = dict(np.load(out))
+    under_tensorflow = recipe_callbacks_fit.fit()
+    without = recipe_callbacks_fit.fit(with_callbacks=False)
+    assert under_jax.keys() == under_tensorflow.keys()
+    for path, value in under_tensorflow.items():
+        np.testing.assert_allclose(under_jax[path], value, rtol=1e-4, atol=1e-5, err_msg=path)
+    assert not np.allclose(under_tensorflow["out/kernel"], without["out/kernel"]), "the callbacks changed the run"
 
 
 def test_inference_averages_six_views_and_training_sees_one():
@@ -84,7 +200,7 @@ def test_triangle_schedule_rises_to_the_peak_then_falls_to_its_floor():
 def airbench_run(tmp_path_factory, splits, mirrored_strategy):
     output = tmp_path_factory.mktemp("airbench-run")
     trainer.run(trainer.Config(model="airbench", output=str(output), epochs=1, batch_size=8, precision="float32",
-                               verbose=0), strategy=mirrored_strategy, splits=splits)
+                               validation_freq=2, verbose=0), strategy=mirrored_strategy, splits=splits)
     return output
 
 
@@ -95,7 +211,11 @@ def test_airbench_trains_under_8_replicas_and_its_whitening_reaches_export_and_t
 
     manifest = json.loads((airbench_run / MANIFEST_FILE).read_text())
     assert (manifest["model"]["name"], manifest["training"]["replicas"]) == ("airbench", 8)
-    assert manifest["training"]["schedule"] == "triangle"
+    assert manifest["training"]["schedule"] == "triangle" and manifest["training"]["alternate_flips"]
+    # --validation-freq 2 skipped the test split after the one epoch; the handover still measured it, and the
+    # history and its plot take the gap.
+    assert report.read_history(str(airbench_run / "history.csv"))[0].keys().isdisjoint({"val_accuracy", "val_loss"})
+    assert manifest["metrics"]["test_images"] == len(splits.x_test) and (airbench_run / "curves.png").exists()
     # The weights file carries the data's whitening: a fresh build loading it has exactly that kernel.
     fresh = models.build_model("airbench", num_classes=3)
     expected = models.build_model("airbench", num_classes=3)

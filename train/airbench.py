@@ -6,11 +6,13 @@ carries it, so export needs no data); GELU; three conv groups of widths 64/256/2
 conv-pool-BN-GELU-conv-BN-GELU with identity-initialised convolutions and BatchNorm without a
 learned scale; a 3x3 max pool and a bias-free linear layer scaled by 1/9.
 
-The recipe: Nesterov SGD at batch 1024 with a triangular rate, label smoothing 0.2, random
-flips and 2-pixel translations, and BatchNorm shifts that move 64x faster than the other
-weights (stored divided by 8, :class:`Shift`). airbench's lookahead weight averaging,
-alternating (rather than random) flips and its three epochs of a learned whitening bias are
-not reproduced.
+The recipe: Nesterov SGD at batch 1024 with a triangular rate, label smoothing 0.2, 2-pixel
+translations, flips that alternate (each image is mirrored in every other epoch), BatchNorm
+shifts that move 64x faster than the other weights (stored divided by 8, :class:`Shift`), a
+whitening bias learned for the first three epochs only (:class:`HoldFrom`), and lookahead weight
+averaging from the fourth epoch (:class:`Lookahead`). Weights start at PyTorch's default scale,
+as airbench's did: with BatchNorm after every convolution, a weight's scale sets its effective
+learning rate.
 
 Test-time augmentation is part of the model (:class:`Views`): at inference it averages the
 logits of the image, its mirror and two one-pixel shifts of both (six views, airbench's level
@@ -29,11 +31,18 @@ WHITEN_PATCH = 2  # pixels: 2x2x3 patches, 12 directions, each kept with its neg
 WHITEN_EPS = 5e-4  # added to the eigenvalues before the inverse square root
 WHITEN_IMAGES = 5000  # training images the patch statistics come from
 BATCHNORM_MOMENTUM = 0.6  # of the old statistic kept per step (airbench's BatchNorm passes PyTorch 1 - 0.6)
+BATCHNORM_EPSILON = 1e-12
 BIAS_GAIN = 8.0  # BN shifts are stored divided by 8, so SGD moves them 8**2 = 64x faster
 LOGIT_SCALE = 1 / 9
 # airbench's coupled weight decay (0.0153 per 1024 images under its summed loss) on the mean loss:
-# an L2 penalty whose gradient is 1.33e-3 x the weight.
+# an L2 penalty whose gradient is 1.33e-3 x the weight. Every learned weight has it, the BN shifts
+# and the whitening bias included (stored divided by their gain, they decay at the same rate).
 L2 = 6.65e-4
+WHITEN_BIAS_EPOCHS = 3  # the whitening bias learns for this many epochs, then holds
+LOOKAHEAD_START_EPOCH = 3  # 0-based: averaging begins in the fourth epoch
+LOOKAHEAD_EVERY = 5  # steps between averaging updates
+LOOKAHEAD_DECAY = 0.95  # per step: 0.95**5 per update at the end of training
+LOOKAHEAD_POWER = 3.0  # the decay grows as (step / total steps) ** 3
 
 AIRBENCH_RECIPE = Recipe(
     optimizer="sgd",  # Nesterov momentum
@@ -49,19 +58,26 @@ AIRBENCH_RECIPE = Recipe(
     label_smoothing=0.2,
     weight_decay=0.0,  # the L2 penalty lives in the layers (L2 above)
     momentum=0.85,
+    alternate_flips=True,
 )
+
+
+def _pytorch_default(seed=None):
+    """PyTorch's default for convolutions and linear layers: uniform within 1 / sqrt(fan_in)."""
+    return keras.initializers.VarianceScaling(scale=1 / 3, mode="fan_in", distribution="uniform", seed=seed)
 
 
 @keras.saving.register_keras_serializable(package="cifar")
 class Shift(layers.Layer):
-    """A learned per-channel bias, stored divided by ``gain`` so that SGD moves it ``gain**2`` faster."""
+    """A learned per-channel bias with weight decay, stored divided by ``gain`` so that SGD moves it ``gain**2`` faster."""
 
     def __init__(self, gain=BIAS_GAIN, **kwargs):
         super().__init__(**kwargs)
         self.gain = gain
 
     def build(self, input_shape):
-        self.bias = self.add_weight(name="bias", shape=(input_shape[-1],), initializer="zeros")
+        self.bias = self.add_weight(name="bias", shape=(input_shape[-1],), initializer="zeros",
+                                    regularizer=keras.regularizers.L2(L2))
 
     def call(self, x):
         return x + keras.ops.cast(self.bias * self.gain, x.dtype)
@@ -72,7 +88,7 @@ class Shift(layers.Layer):
 
 @keras.saving.register_keras_serializable(package="cifar")
 class PartialIdentity(keras.initializers.Initializer):
-    """Glorot-uniform, except that the first ``in_channels`` filters pass their input through."""
+    """PyTorch's default initialisation, except that the first ``in_channels`` filters pass their input through."""
 
     def __init__(self, seed=None):
         self.seed = seed
@@ -82,7 +98,7 @@ class PartialIdentity(keras.initializers.Initializer):
         kept = min(channels_in, channels_out)
         identity = np.zeros(shape, dtype="float32")
         identity[height // 2, width // 2, np.arange(kept), np.arange(kept)] = 1
-        random = keras.initializers.GlorotUniform(self.seed)(shape, dtype)
+        random = _pytorch_default(self.seed)(shape, dtype)
         mask = np.zeros(shape, dtype="float32")
         mask[..., :kept] = 1
         return keras.ops.cast(random * (1 - mask) + identity, dtype or "float32")
@@ -139,13 +155,89 @@ def whiten_layer(model):
     return model.get_layer("views").network.get_layer("whiten")
 
 
+def whiten_bias(model):
+    return model.get_layer("views").network.get_layer("whiten_bias").bias
+
+
+class HoldFrom(keras.callbacks.Callback):
+    """Hold ``get_variable(model)`` at its value from epoch ``epoch`` (0-based) on: a learned weight that stops learning.
+
+    Restoring the value after every step freezes it without recompiling the model (Keras fixes
+    the trainable weights at compile time), and a resumed run holds the value its backup saved.
+    Values are assigned as copies: Keras's JAX trainer donates a variable's buffer to the next step,
+    which would free an array kept here (``Callback.model`` syncs that trainer's state first).
+    """
+
+    def __init__(self, get_variable, epoch):
+        super().__init__()
+        self.get_variable, self.epoch = get_variable, epoch
+        self.held = None
+
+    def on_epoch_begin(self, epoch, logs=None):
+        self.held = keras.ops.copy(self.get_variable(self.model).value) if epoch >= self.epoch else None
+
+    def on_train_batch_end(self, batch, logs=None):
+        if self.held is not None:
+            self.get_variable(self.model).assign(keras.ops.copy(self.held))
+
+
+class Lookahead(keras.callbacks.Callback):
+    """airbench's lookahead: every ``every`` steps from epoch ``start_epoch``, average the weights and continue from the average.
+
+    The average (of every float weight, BatchNorm statistics included) moves toward the weights
+    by ``1 - decay`` with ``decay = base**every * (step / total_steps)**power``: hardly at all
+    early, strongly at the end. The weights are then set to the average, and once more at the
+    end of each epoch, so every epoch (and the saved model) ends on the average, and a run
+    resumed from an epoch's backup continues exactly. Assigned as copies, as in :class:`HoldFrom`.
+    """
+
+    def __init__(self, total_steps, start_epoch=LOOKAHEAD_START_EPOCH, every=LOOKAHEAD_EVERY,
+                 base=LOOKAHEAD_DECAY, power=LOOKAHEAD_POWER):
+        super().__init__()
+        self.total_steps, self.start_epoch, self.every, self.base, self.power = (
+            total_steps, start_epoch, every, base, power)
+        self.average = None
+
+    def _weights(self):
+        return [w for w in self.model.weights if "float" in str(w.dtype)]
+
+    def on_epoch_begin(self, epoch, logs=None):
+        self.epoch = epoch
+        # The previous epoch ended on the average, so the weights are the average.
+        self.average = [keras.ops.copy(w.value) for w in self._weights()] if epoch > self.start_epoch else None
+
+    def on_train_batch_end(self, batch, logs=None):
+        if self.epoch < self.start_epoch:
+            return
+        steps = self.params["steps"]
+        step = self.epoch * steps + batch + 1  # steps taken so far
+        if step % self.every == 0:
+            if self.average is None:
+                self.average = [keras.ops.copy(w.value) for w in self._weights()]
+            else:
+                decay = self.base ** self.every * (step / self.total_steps) ** self.power
+                self.average = [a + (1 - decay) * (w.value - a) for a, w in zip(self.average, self._weights())]
+                self._set_weights()
+        if batch == steps - 1 and self.average is not None:
+            self._set_weights()
+
+    def _set_weights(self):
+        for a, w in zip(self.average, self._weights()):
+            w.assign(keras.ops.copy(a))
+
+
+def training_callbacks(total_steps):
+    """What airbench's recipe does between steps: the whitening bias's three epochs, and lookahead."""
+    return [HoldFrom(whiten_bias, WHITEN_BIAS_EPOCHS), Lookahead(total_steps)]
+
+
 def _conv(filters, name):
     return layers.Conv2D(filters, 3, padding="same", use_bias=False, kernel_initializer=PartialIdentity(),
                          kernel_regularizer=keras.regularizers.L2(L2), name=name)
 
 
 def _norm_gelu(x, name):
-    x = layers.BatchNormalization(momentum=BATCHNORM_MOMENTUM, epsilon=1e-5, center=False, scale=False,
+    x = layers.BatchNormalization(momentum=BATCHNORM_MOMENTUM, epsilon=BATCHNORM_EPSILON, center=False, scale=False,
                                   name=f"{name}_bn")(x)
     x = Shift(name=f"{name}_shift")(x)
     return layers.Activation("gelu", name=f"{name}_gelu")(x)
@@ -156,6 +248,7 @@ def _network(num_classes):
     x = layers.Normalization(mean=CIFAR10_MEAN, variance=[s * s for s in CIFAR10_STD], name="normalize")(inputs)
     x = layers.Conv2D(2 * WHITEN_PATCH * WHITEN_PATCH * INPUT_SHAPE[-1], WHITEN_PATCH, use_bias=False,
                       trainable=False, name="whiten")(x)
+    x = Shift(gain=1.0, name="whiten_bias")(x)
     x = layers.Activation("gelu", name="whiten_gelu")(x)
     for group, width in enumerate(WIDTHS, start=1):
         x = _conv(width, f"group{group}_conv1")(x)
@@ -165,12 +258,13 @@ def _network(num_classes):
         x = _norm_gelu(x, f"group{group}_2")
     x = layers.MaxPooling2D(3, name="final_pool")(x)
     x = layers.Flatten(name="flatten")(x)
-    x = layers.Dense(num_classes, use_bias=False, kernel_regularizer=keras.regularizers.L2(L2), name="logits")(x)
+    x = layers.Dense(num_classes, use_bias=False, kernel_initializer=_pytorch_default(),
+                     kernel_regularizer=keras.regularizers.L2(L2), name="logits")(x)
     outputs = layers.Rescaling(LOGIT_SCALE, name="logit_scale")(x)
     return keras.Model(inputs, outputs, name="airbench_network")
 
 
-@register("airbench", AIRBENCH_RECIPE, prepare=whiten_from)
+@register("airbench", AIRBENCH_RECIPE, prepare=whiten_from, callbacks=training_callbacks)
 def airbench(num_classes):
     """airbench94's network (about 2 M parameters) with its test-time views inside the model."""
     inputs = keras.Input(shape=INPUT_SHAPE, name="images")

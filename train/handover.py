@@ -66,6 +66,7 @@ def hand_over(config, recipe, plan, placement, splits, output, wall_time):
             "schedule": plan.schedule,
             "augment": plan.augment,
             "crop_padding": plan.crop_padding,
+            "alternate_flips": recipe.alternate_flips,
             "label_smoothing": plan.label_smoothing,
             "weight_decay": recipe.weight_decay,
             "seed": config.seed,

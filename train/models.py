@@ -37,21 +37,23 @@ class Recipe:
     epochs: int = 50  # passes over the training set
     batch_size: int = 128  # images per replica per step
     augment: bool = False  # random crop after padding, and horizontal flip
+    alternate_flips: bool = False  # with augment: each image mirrored in every other epoch, not at random
     crop_padding: int = 4  # pixels of reflection padding before the random crop; 0: flip only
     label_smoothing: float = 0.0  # fraction of target mass spread over all classes
     weight_decay: float = 0.0  # decoupled weight decay per step, multiplied by the learning rate
     momentum: float = 0.9  # SGD only
 
 
-def register(name, recipe=Recipe(), prepare=None):
+def register(name, recipe=Recipe(), prepare=None, callbacks=None):
     """Add a builder to the registry under ``name``, with its default training recipe.
 
     ``prepare(model, x_train)``, if given, initialises weights from the training images before
     training (the weights file then carries the result, so export needs no data).
+    ``callbacks(total_steps)``, if given, returns the Keras callbacks its recipe trains with.
     """
 
     def decorator(builder):
-        _REGISTRY[name] = _Registered(builder, recipe, prepare)
+        _REGISTRY[name] = _Registered(builder, recipe, prepare, callbacks)
         return builder
 
     return decorator
@@ -62,6 +64,7 @@ class _Registered:
     builder: object
     recipe: Recipe
     prepare: object  # prepare(model, x_train), or None
+    callbacks: object  # callbacks(total_steps) -> [keras.callbacks.Callback], or None
 
 
 def _registered(name):
@@ -79,6 +82,12 @@ def prepare(name, model, x_train):
 
 def recipe(name):
     return _registered(name).recipe
+
+
+def training_callbacks(name, total_steps):
+    """The callbacks the model's recipe trains with (none for most models)."""
+    entry = _registered(name)
+    return [] if entry.callbacks is None else entry.callbacks(total_steps)
 
 
 def probe_batch(seed, count=8):

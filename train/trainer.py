@@ -133,7 +133,7 @@ def run(config, strategy=None, splits=None):
     _say(config, f"backend={backend} strategy={placement.name} hardware={placement.hardware} "
                  f"replicas={placement.replicas} global_batch={plan.global_batch} precision={plan.precision} "
                  f"model={config.model} epochs={plan.epochs} lr={plan.learning_rate:.4g} schedule={plan.schedule} "
-                 f"augment={_describe_augmentation(plan.augment, plan.crop_padding)} "
+                 f"augment={_describe_augmentation(plan.augment, plan.crop_padding, recipe.alternate_flips)} "
                  f"steps_per_execution={plan.steps_per_execution}")
 
     if config.overwrite and placement.chief and os.path.exists(manifest_path):
@@ -234,7 +234,8 @@ def _fit(config, recipe, plan, placement, splits, workdir):
     labels = num_classes if one_hot else None
     pipelines = _pipelines()
     train_ds = pipelines.train_dataset(splits.x_train, splits.y_train, plan.global_batch, plan.augment,
-                                       seed=config.seed, crop_padding=plan.crop_padding, num_classes=labels)
+                                       seed=config.seed, crop_padding=plan.crop_padding, num_classes=labels,
+                                       alternate_flips=recipe.alternate_flips)
     val_ds = pipelines.eval_dataset(splits.x_test, splits.y_test, plan.global_batch, num_classes=labels)
 
     previous_policy = keras.mixed_precision.global_policy()
@@ -260,7 +261,9 @@ def _fit(config, recipe, plan, placement, splits, workdir):
             validation_data=val_ds,
             validation_freq=config.validation_freq,
             shuffle=False,  # the dataset shuffles itself
-            callbacks=_callbacks(config, placement, workdir),
+            # The recipe's own first: they change the weights, which the others then save and log.
+            callbacks=models.training_callbacks(config.model, plan.epochs * plan.steps_per_epoch)
+            + _callbacks(config, placement, workdir),
             verbose=config.verbose,
         )
         return model, time.monotonic() - started
@@ -300,10 +303,11 @@ def _callbacks(config, placement, workdir):
     return callbacks
 
 
-def _describe_augmentation(augment, crop_padding):
+def _describe_augmentation(augment, crop_padding, alternate_flips=False):
     if not augment:
         return "off"
-    return f"crop(pad {crop_padding})+flip" if crop_padding else "flip"
+    flip = "alternating flip" if alternate_flips else "flip"
+    return f"crop(pad {crop_padding})+{flip}" if crop_padding else flip
 
 
 def _say(config, line):

@@ -1,0 +1,42 @@
+"""A small fit with airbench's between-step callbacks, run the same way under either Keras backend.
+
+``python tests/recipe_callbacks_fit.py OUT.npz`` (with KERAS_BACKEND set) saves the final weights;
+tests/test_airbench.py compares the backends. Under JAX it trains data parallel over every device.
+"""
+
+import os
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+import keras  # noqa: E402
+import numpy as np  # noqa: E402
+
+from train import airbench  # noqa: E402
+
+STEPS_PER_EPOCH, EPOCHS, BATCH = 8, 4, 8
+
+
+def fit(with_callbacks=True):
+    """Final weights (by path) of a small net trained 4 epochs; the whitening-like bias holds from epoch 1,
+    lookahead averages from epoch 1."""
+    if keras.backend.backend() == "jax":
+        keras.distribution.set_distribution(keras.distribution.DataParallel())
+    rng = np.random.default_rng(0)
+    inputs = keras.Input((4,))
+    x = keras.layers.Dense(3, name="d")(inputs)
+    x = keras.layers.BatchNormalization(name="bn")(x)
+    model = keras.Model(inputs, keras.layers.Dense(2, name="out")(x))
+    for w in model.weights:
+        w.assign(rng.normal(size=w.shape).astype("float32") if "moving_variance" not in w.path else np.ones(w.shape))
+    model.compile(optimizer=keras.optimizers.SGD(0.05, momentum=0.85, nesterov=True), loss="mse")
+    x_train = rng.normal(size=(STEPS_PER_EPOCH * BATCH, 4)).astype("float32")
+    callbacks = [airbench.HoldFrom(lambda m: m.get_layer("d").bias, epoch=1),
+                 airbench.Lookahead(STEPS_PER_EPOCH * EPOCHS, start_epoch=1)] if with_callbacks else []
+    model.fit(x_train, x_train[:, :2] * 2 + 1, batch_size=BATCH, epochs=EPOCHS, shuffle=False, verbose=0,
+              callbacks=callbacks)
+    return {w.path: keras.ops.convert_to_numpy(w.value) for w in model.weights}
+
+
+if __name__ == "__main__":
+    np.savez(sys.argv[1], **fit())
