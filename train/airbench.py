@@ -189,6 +189,8 @@ class Lookahead(keras.callbacks.Callback):
     early, strongly at the end. The weights are then set to the average, and once more at the
     end of each epoch, so every epoch (and the saved model) ends on the average, and a run
     resumed from an epoch's backup continues exactly. Assigned as copies, as in :class:`HoldFrom`.
+    With several steps per compiled call (``--steps-per-execution``, 32 on a TPU) it can act only
+    between calls: once in each call that passes a multiple of ``every``.
     """
 
     def __init__(self, total_steps, start_epoch=LOOKAHEAD_START_EPOCH, every=LOOKAHEAD_EVERY,
@@ -203,15 +205,19 @@ class Lookahead(keras.callbacks.Callback):
 
     def on_epoch_begin(self, epoch, logs=None):
         self.epoch = epoch
+        self.steps_done = epoch * self.params["steps"]
         # The previous epoch ended on the average, so the weights are the average.
         self.average = [keras.ops.copy(w.value) for w in self._weights()] if epoch > self.start_epoch else None
 
     def on_train_batch_end(self, batch, logs=None):
-        if self.epoch < self.start_epoch:
-            return
         steps = self.params["steps"]
         step = self.epoch * steps + batch + 1  # steps taken so far
-        if step % self.every == 0:
+        # Every `every` steps; with several steps per call (steps_per_execution), once a call that passes one.
+        due = step // self.every > self.steps_done // self.every
+        self.steps_done = step
+        if self.epoch < self.start_epoch:
+            return
+        if due:
             if self.average is None:
                 self.average = [keras.ops.copy(w.value) for w in self._weights()]
             else:
