@@ -157,10 +157,17 @@ def export(version_dir, run_dir, probe, probe_outputs, samples_sha256=None, verb
         _say(report["litert-int8"], "litert-int8", verbose)
     else:
         calibration = samples["train_images"]
-        publish("litert-int8", lambda: convert_int8(version_dir, calibration), int8_check)
+        made = []
+
+        def int8():
+            made.append(convert_int8(version_dir, calibration))
+            return made[-1]
+
+        publish("litert-int8", int8, int8_check)
+        # Only the FLOAT_LAYERS this model has (their operators keep their names in the int8 model).
+        kept = [layer for layer in FLOAT_LAYERS if made and layer_nodes(made[-1], [layer])]
         report["litert-int8"]["calibration"] = {"images": len(calibration), "source": f"{SAMPLES_FILE} train_images",
-                                                "float_ops": list(FLOAT_HEAD_OPS),
-                                                "float_layers": list(FLOAT_LAYERS)}
+                                                "float_ops": list(FLOAT_HEAD_OPS), "float_layers": kept}
     return report
 
 

@@ -70,6 +70,7 @@ def test_export_writes_both_models_and_records_their_checks(model_base, trained_
     assert report["litert"]["agreement"] == 1.0 and report["litert"]["max_abs_diff"] <= litert.FLOAT_TOLERANCE
     assert report["litert-int8"]["agreement"] >= litert.AGREEMENT_GATE
     assert report["litert-int8"]["calibration"]["images"] == len(np.load(trained_run / contract.SAMPLES_FILE)["train_images"])
+    assert report["litert-int8"]["calibration"]["float_layers"] == list(litert.FLOAT_LAYERS)  # seed_cnn has both
     # The recorded numbers are what the published files do, re-measured here.
     expected = savedmodel_probabilities(version, images)
     assert report["savedmodel"]["accuracy"] == pytest.approx(np.mean(expected.argmax(1) == labels))
