@@ -215,20 +215,18 @@ class Lookahead(keras.callbacks.Callback):
         # Every `every` steps; with several steps per call (steps_per_execution), once a call that passes one.
         due = step // self.every > self.steps_done // self.every
         self.steps_done = step
-        if self.epoch < self.start_epoch:
+        last = batch == steps - 1
+        if self.epoch < self.start_epoch or not (due or last):
+            return  # the model is not touched (under JAX, touching it syncs the training state)
+        weights = self._weights()
+        if self.average is None:
+            if due:  # the first average is the weights themselves
+                self.average = [keras.ops.copy(w.value) for w in weights]
             return
         if due:
-            if self.average is None:
-                self.average = [keras.ops.copy(w.value) for w in self._weights()]
-            else:
-                decay = self.base ** self.every * (step / self.total_steps) ** self.power
-                self.average = [a + (1 - decay) * (w.value - a) for a, w in zip(self.average, self._weights())]
-                self._set_weights()
-        if batch == steps - 1 and self.average is not None:
-            self._set_weights()
-
-    def _set_weights(self):
-        for a, w in zip(self.average, self._weights()):
+            decay = self.base ** self.every * (step / self.total_steps) ** self.power
+            self.average = [a + (1 - decay) * (w.value - a) for a, w in zip(self.average, weights)]
+        for a, w in zip(self.average, weights):
             w.assign(keras.ops.copy(a))
 
 
