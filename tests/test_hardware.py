@@ -61,7 +61,7 @@ def test_on_a_tpu_host_jax_may_use_the_tpu_and_tensorflow_gets_the_pjrt_plugin(t
 
 
 def test_the_cli_parses_flags_without_loading_a_framework():
-    code = ("import sys\nfrom train import trainer\ntrainer.build_parser().parse_args(['--backend', 'jax'])\n"
+    code = ("import sys\nfrom train import cli\ncli.build_parser().parse_args(['--backend', 'jax'])\n"
             "print(sorted(m for m in ('keras', 'tensorflow', 'jax') if m in sys.modules))")
     result = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stderr

@@ -92,10 +92,10 @@ def test_jax_weights_export_under_tensorflow_and_serve_the_jax_models_answers(ja
 
 
 def test_jax_backend_in_a_tensorflow_process_is_a_clear_error(tmp_path, capsys):
-    from train import trainer
+    from train import cli
 
     synthetic.write_tree(tmp_path / "data", synthetic.make_splits(train_per_class=4, test_per_class=2))
-    code = trainer.main(["--backend", "jax", "--data", str(tmp_path / "data"), "--output", str(tmp_path / "out")])
+    code = cli.main(["--backend", "jax", "--data", str(tmp_path / "data"), "--output", str(tmp_path / "out")])
     err = capsys.readouterr().err.strip()
     assert code == 2 and "\n" not in err
     assert err == "error: Keras is already loaded with the tensorflow backend in this process; " \

@@ -524,7 +524,7 @@ def training_job(rendered, target):
 
 def parsed_train_args(c):
     from train import models
-    from train.trainer import build_parser
+    from train.cli import build_parser
 
     assert c["command"] == ["python", "-m", "train"]
     args = build_parser().parse_args(c["args"])  # exits 2 on a flag train does not know
@@ -554,7 +554,7 @@ def test_training_job_runs_the_train_cli_on_the_shared_volume(rendered, target):
 
 @pytest.mark.parametrize("target", TRAINING + ["training/export"])
 def test_job_survives_preemption_and_stops_on_bad_input(rendered, target):
-    from train.trainer import build_parser
+    from train.cli import build_parser
 
     job = one(rendered[target], "Job")
     spec = job["spec"]

@@ -8,7 +8,7 @@ import nbformat
 import pytest
 
 import synthetic
-from train import trainer
+from train import cli
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 NOTEBOOK = os.path.join(REPO, "notebooks", "train_on_tpu.ipynb")
@@ -36,7 +36,7 @@ def test_notebook_keeps_the_runtimes_jax_and_trains_with_the_same_cli():
     command = train[0].split(" -m train ", 1)[1]
     for name, value in values.items():
         command = command.replace(name, value)
-    args = trainer.build_parser().parse_args(shlex.split(command))  # the CLI accepts exactly these flags
+    args = cli.build_parser().parse_args(shlex.split(command))  # the CLI accepts exactly these flags
     assert args.backend == "jax" and args.batch_size == 128 and args.output == "runs/x"
 
 

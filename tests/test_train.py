@@ -10,7 +10,7 @@ import pytest
 
 import synthetic
 from contract import MANIFEST_FILE, WEIGHTS_FILE
-from train import data, hardware, models, report, tf_devices, trainer
+from train import cli, data, hardware, models, report, tf_devices, trainer
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -177,7 +177,7 @@ def test_bad_data_is_one_line_and_exit_2_and_output_survives(kind, tmp_path, cap
     output = tmp_path / "out"
     output.mkdir()
     (output / "precious.txt").write_text("keep me")
-    code = trainer.main(["--data", source, "--output", str(output), "--tpu", "none", "--quiet"])
+    code = cli.main(["--data", source, "--output", str(output), "--tpu", "none", "--quiet"])
     err = capsys.readouterr().err.strip()
     assert code == 2
     assert err.startswith("error: ") and message in err and "\n" not in err and "Traceback" not in err
@@ -202,7 +202,7 @@ def test_corrupt_tarball_is_a_clear_error(tmp_path):
 
 def test_a_tpu_that_is_not_there_is_an_error_not_a_fallback(tmp_path, capsys):
     _make_tree(tmp_path / "data", ["cat", "dog"])
-    code = trainer.main(["--data", str(tmp_path / "data"), "--output", str(tmp_path / "out"), "--tpu", "local", "--quiet"])
+    code = cli.main(["--data", str(tmp_path / "data"), "--output", str(tmp_path / "out"), "--tpu", "local", "--quiet"])
     err = capsys.readouterr().err.strip()
     assert code == 2
     assert err.startswith("error: TPU 'local' is not available") and "\n" not in err
@@ -212,7 +212,7 @@ def test_a_tpu_that_is_not_there_is_an_error_not_a_fallback(tmp_path, capsys):
 def test_bad_flags_exit_2(capsys):
     for argv in (["--precision", "float8"], ["--profile-steps", "5"], ["--epochs", "0"]):
         with pytest.raises(SystemExit) as exit_info:
-            trainer.main(argv)
+            cli.main(argv)
         assert exit_info.value.code == 2
 
 
@@ -394,7 +394,7 @@ def test_the_chief_is_tf_configs_chief_task_or_else_worker_0(task_type, task_id,
 def test_tf_config_that_is_not_json_is_a_clear_error(tmp_path, capsys, monkeypatch):
     monkeypatch.setenv("TF_CONFIG", "{not json")
     _make_tree(tmp_path / "data", ["cat", "dog"])
-    code = trainer.main(["--data", str(tmp_path / "data"), "--output", str(tmp_path / "out"), "--quiet"])
+    code = cli.main(["--data", str(tmp_path / "data"), "--output", str(tmp_path / "out"), "--quiet"])
     assert code == 2
     assert capsys.readouterr().err.strip() == "error: TF_CONFIG is set but is not valid JSON"
 
@@ -429,7 +429,7 @@ def test_offline_download_is_one_line_exit_2_and_leaves_no_poisoned_cache(tmp_pa
     output = tmp_path / "out"
     output.mkdir()
     (output / "precious.txt").write_text("keep me")
-    code = trainer.main(["--data", "cifar10", "--output", str(output), "--quiet"])
+    code = cli.main(["--data", "cifar10", "--output", str(output), "--quiet"])
     err = capsys.readouterr().err.strip()
     assert code == 2 and "\n" not in err and "Traceback" not in err
     assert err.startswith(f"error: cannot download CIFAR-10 from {data.CIFAR10_URL} (")
@@ -443,7 +443,7 @@ def test_seed_cnn_trains_by_its_recipe_block_when_no_flag_says_otherwise():
     from train.hardware import Placement
 
     recipe = models.recipe("seed_cnn")
-    defaults = trainer.build_parser().parse_args([])
+    defaults = cli.build_parser().parse_args([])
     assert all(getattr(defaults, flag) is None for flag in
                ("epochs", "batch_size", "learning_rate", "schedule", "augment", "crop_padding", "label_smoothing"))
     config = trainer.Config(precision="float32")  # what main() builds from no flags

@@ -1,0 +1,100 @@
+"""``python -m train``: the command line of :mod:`train.trainer` (its flags, and one-line errors).
+
+Typical usage::
+
+    python -m train --model airbench --data ../shared/data/cifar10-jpeg.zip --output runs/airbench
+"""
+
+import argparse
+import os
+import sys
+
+from train import trainer
+
+
+def _profile_steps(text):
+    try:
+        first, last = (int(part) for part in text.split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError("expected two step numbers, e.g. 10,20") from None
+    if not 0 < first <= last:
+        raise argparse.ArgumentTypeError("expected 0 < A <= B")
+    return first, last
+
+
+def _int_at_least(minimum):
+    def parse(text):
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+        if value < minimum:
+            raise argparse.ArgumentTypeError(f"must be at least {minimum}")
+        return value
+
+    return parse
+
+
+_positive_int = _int_at_least(1)
+
+
+def build_parser():
+    from train.hardware import BACKENDS, PRECISIONS
+    from train.schedules import SCHEDULES
+
+    p = argparse.ArgumentParser(prog="python -m train", description=trainer.__doc__.split("\n\n")[0])
+    p.add_argument("--data", default=os.environ.get("CIFAR_DATA", trainer.DEFAULT_DATA),
+                   help="'cifar10' (Keras's downloader), a folder or .zip of train/<class>/ and test/<class>/ "
+                        "images, or cifar-10-binary.tar.gz (default: $CIFAR_DATA or cifar10)")
+    p.add_argument("--output", default=trainer.DEFAULT_OUTPUT, help="run directory for weights, manifest, logs (default: %(default)s)")
+    p.add_argument("--model", default=trainer.DEFAULT_MODEL, help="registered model name (default: %(default)s)")
+    p.add_argument("--backend", choices=BACKENDS, default="auto",
+                   help="Keras backend: jax (TPUs, GPUs, CPU), tensorflow, or auto: $KERAS_BACKEND if set, "
+                        "else jax on a TPU host and tensorflow elsewhere (default: %(default)s)")
+    p.add_argument("--epochs", type=_positive_int, help="passes over the training set (default: the model's recipe)")
+    p.add_argument("--batch-size", type=_positive_int,
+                   help="images per replica per step; the global batch is this times the replicas "
+                        "(default: the recipe's, 128 for seed_cnn as in the seed tutorial)")
+    p.add_argument("--learning-rate", type=float,
+                   help="peak learning rate (default: the recipe's, scaled to the global batch)")
+    p.add_argument("--schedule", choices=SCHEDULES, help="learning-rate schedule (default: the recipe's)")
+    p.add_argument("--augment", action=argparse.BooleanOptionalAction,
+                   help="random crop after padding (--crop-padding) and horizontal flip (default: the recipe's)")
+    p.add_argument("--crop-padding", type=_int_at_least(0), metavar="PIXELS",
+                   help="with --augment: reflection padding before the random crop; 0 flips only (default: 4)")
+    p.add_argument("--label-smoothing", type=float, help="label smoothing, 0-1 (default: the recipe's)")
+    p.add_argument("--precision", choices=PRECISIONS, default="auto",
+                   help="auto: bfloat16 on TPU and on CPUs with bf16 units, float16 on GPUs (default: %(default)s)")
+    p.add_argument("--tpu", nargs="?", const="auto", default="auto",
+                   help="'auto' (use a TPU when present), 'none', 'local' (TPU VM, Colab), a TPU name or grpc:// address")
+    p.add_argument("--steps-per-execution", type=_positive_int,
+                   help=f"steps per compiled call (default: {trainer.TPU_STEPS_PER_EXECUTION} on TPU, 1 elsewhere)")
+    p.add_argument("--validation-freq", type=_positive_int, default=1, metavar="N",
+                   help="evaluate on the test split every N epochs; the run's test accuracy is measured at the "
+                        "end either way (default: every epoch)")
+    p.add_argument("--profile-steps", type=_profile_steps, metavar="A,B",
+                   help="capture a TensorBoard profile of steps A to B")
+    p.add_argument("--seed", type=int, default=0, help="random seed (default: %(default)s)")
+    p.add_argument("--overwrite", action="store_true", help="train again even if OUTPUT holds a finished run")
+    p.add_argument("--quiet", action="store_true", help="no progress bar or summary lines")
+    return p
+
+
+def main(argv=None):
+    args = build_parser().parse_args(argv)
+    config = trainer.Config(
+        data=args.data, output=args.output, model=args.model, backend=args.backend, epochs=args.epochs, batch_size=args.batch_size,
+        learning_rate=args.learning_rate, schedule=args.schedule, augment=args.augment,
+        crop_padding=args.crop_padding, label_smoothing=args.label_smoothing, precision=args.precision, tpu=args.tpu,
+        steps_per_execution=args.steps_per_execution, validation_freq=args.validation_freq,
+        profile_steps=args.profile_steps, seed=args.seed,
+        overwrite=args.overwrite,
+        # A progress bar on a terminal; one line per epoch in a log file.
+        verbose=0 if args.quiet else (1 if sys.stdout.isatty() else 2),
+    )
+    try:
+        trainer.run(config)
+    except trainer.UsageError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    return 0
