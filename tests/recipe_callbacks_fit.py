@@ -1,4 +1,4 @@
-"""A small fit with airbench's between-step callbacks, run the same way under either Keras backend.
+"""A small fit with airbench's optimizer, rate and between-step callbacks, run the same way under either Keras backend.
 
 ``python tests/recipe_callbacks_fit.py OUT.npz`` (with KERAS_BACKEND set) saves the final weights;
 tests/test_airbench.py compares the backends. Under JAX it trains data parallel over every device.
@@ -12,7 +12,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import keras  # noqa: E402
 import numpy as np  # noqa: E402
 
-from train import airbench  # noqa: E402
+from train import airbench, schedules  # noqa: E402
 
 STEPS_PER_EPOCH, EPOCHS, BATCH = 8, 4, 8
 
@@ -29,7 +29,8 @@ def fit(with_callbacks=True):
     model = keras.Model(inputs, keras.layers.Dense(2, name="out")(x))
     for w in model.weights:
         w.assign(rng.normal(size=w.shape).astype("float32") if "moving_variance" not in w.path else np.ones(w.shape))
-    model.compile(optimizer=keras.optimizers.SGD(0.05, momentum=0.85, nesterov=True), loss="mse")
+    rate = schedules.triangle(0.05, warmup_steps=8, total_steps=STEPS_PER_EPOCH * EPOCHS)
+    model.compile(optimizer=schedules.pytorch_sgd(rate, momentum=0.85), loss="mse")
     x_train = rng.normal(size=(STEPS_PER_EPOCH * BATCH, 4)).astype("float32")
     callbacks = [airbench.HoldFrom(lambda m: m.get_layer("d").bias, epoch=1),
                  airbench.Lookahead(STEPS_PER_EPOCH * EPOCHS, start_epoch=1)] if with_callbacks else []

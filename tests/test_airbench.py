@@ -1,6 +1,7 @@
 """The airbench model: data-dependent whitening captured in the weights, test-time views inside the model,
 its recipe as the one source of its defaults, and a run under 8 replicas that exports by name and serves."""
 
+import dataclasses
 import json
 
 import numpy as np
@@ -194,6 +195,41 @@ def test_triangle_schedule_rises_to_the_peak_then_falls_to_its_floor():
     rate = schedules.triangle(2.0, warmup_steps=10, total_steps=110)
     values = [float(rate(step)) for step in (0, 5, 10, 60, 110, 200)]
     np.testing.assert_allclose(values, [0.4, 1.2, 2.0, 2.0 * (1 - 0.93 / 2), 0.14, 0.14], rtol=1e-6)
+
+
+def test_the_recipe_steps_as_pytorchs_nesterov_sgd_under_a_changing_rate():
+    import keras
+
+    from train import schedules
+
+    assert models.recipe("airbench").optimizer == "sgd_pytorch"
+    rates, momentum, gradients = [0.2, 0.6, 1.0, 0.5], 0.85, [1.0, -2.0, 0.5, 3.0]
+    # torch.optim.SGD(nesterov=True): buf = momentum * buf + g; w -= lr * (g + momentum * buf)
+    weight, buffer, expected = 1.0, 0.0, []
+    for rate, gradient in zip(rates, gradients):
+        buffer = momentum * buffer + gradient
+        weight -= rate * (gradient + momentum * buffer)
+        expected.append(weight)
+
+    recipe = models.recipe("airbench")
+    step = keras.Variable(0, dtype="int64", trainable=False)
+    optimizer = schedules.optimizer(recipe, 1.0, "constant", 4)
+    optimizer.learning_rate = lambda: keras.ops.take(keras.ops.convert_to_tensor(rates), step)  # noqa: E731
+    variable = keras.Variable(1.0)
+    got = []
+    for index, gradient in enumerate(gradients):
+        step.assign(index)
+        optimizer.apply([keras.ops.convert_to_tensor(gradient)], [variable])
+        got.append(float(variable.numpy()))
+    np.testing.assert_allclose(got, expected, rtol=1e-6)
+    # Keras's own SGD keeps rate x gradient in its velocity: the same first step, then not.
+    keras_sgd = schedules.optimizer(dataclasses.replace(recipe, optimizer="sgd"), 1.0, "constant", 4)
+    keras_sgd.learning_rate = optimizer.learning_rate
+    other = keras.Variable(1.0)
+    for index, gradient in enumerate(gradients[:2]):
+        step.assign(index)
+        keras_sgd.apply([keras.ops.convert_to_tensor(gradient)], [other])
+    assert abs(float(other.numpy()) - expected[1]) > 0.1
 
 
 @pytest.fixture(scope="module")

@@ -34,10 +34,11 @@ BATCHNORM_MOMENTUM = 0.6  # of the old statistic kept per step (airbench's Batch
 BATCHNORM_EPSILON = 1e-12
 BIAS_GAIN = 8.0  # BN shifts are stored divided by 8, so SGD moves them 8**2 = 64x faster
 LOGIT_SCALE = 1 / 9
-# airbench's coupled weight decay (0.0153 per 1024 images under its summed loss) on the mean loss:
-# an L2 penalty whose gradient is 1.33e-3 x the weight. Every learned weight has it, the BN shifts
-# and the whitening bias included (stored divided by their gain, they decay at the same rate).
-L2 = 6.65e-4
+# airbench's coupled weight decay (0.0153 per 1024 images at a rate of 11.5 per 1024, under its
+# summed loss) on the mean loss: an L2 penalty whose gradient is 0.0153 / 11.5 = 1.33e-3 x the
+# weight. Every learned weight has it, the BN shifts and the whitening bias included (stored
+# divided by their gain, they decay at the same rate).
+L2 = 0.0153 / 11.5 / 2
 WHITEN_BIAS_EPOCHS = 3  # the whitening bias learns for this many epochs, then holds
 LOOKAHEAD_START_EPOCH = 3  # 0-based: averaging begins in the fourth epoch
 LOOKAHEAD_EVERY = 5  # steps between averaging updates
@@ -45,7 +46,7 @@ LOOKAHEAD_DECAY = 0.95  # per step: 0.95**5 per update at the end of training
 LOOKAHEAD_POWER = 3.0  # the decay grows as (step / total steps) ** 3
 
 AIRBENCH_RECIPE = Recipe(
-    optimizer="sgd",  # Nesterov momentum
+    optimizer="sgd_pytorch",  # Nesterov momentum as PyTorch applies it, which airbench was tuned with
     learning_rate=1.5,  # airbench's 11.5 per kilostep, for a mean rather than a summed loss
     reference_batch=1024,
     lr_scaling="linear",

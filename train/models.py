@@ -28,7 +28,7 @@ _REGISTRY = {}  # name -> _Registered
 class Recipe:
     """A model's default training hyperparameters; every CLI flag can override them."""
 
-    optimizer: str = "adam"  # "adam" or "sgd" (Nesterov momentum)
+    optimizer: str = "adam"  # "adam", "sgd" (Keras's Nesterov SGD) or "sgd_pytorch" (the same in PyTorch's form)
     learning_rate: float = 1e-3  # peak learning rate at reference_batch images per step
     reference_batch: int = 128  # global batch the learning rate is quoted for, images
     lr_scaling: str = "sqrt"  # how the rate follows the global batch: "sqrt" (Adam) or "linear" (SGD)
