@@ -214,7 +214,7 @@ def test_the_recipe_steps_as_pytorchs_nesterov_sgd_under_a_changing_rate():
     recipe = models.recipe("airbench")
     step = keras.Variable(0, dtype="int64", trainable=False)
     optimizer = schedules.optimizer(recipe, 1.0, "constant", 4)
-    optimizer.learning_rate = lambda: keras.ops.take(keras.ops.convert_to_tensor(rates), step)  # noqa: E731
+    optimizer.learning_rate = lambda: keras.ops.take(keras.ops.convert_to_tensor(rates), step)
     variable = keras.Variable(1.0)
     got = []
     for index, gradient in enumerate(gradients):
