@@ -1,6 +1,6 @@
 """Does ``airbench`` compute what airbench94's own code computes? Step for step, from the same start.
 
-Reads a trace written by airbench94's PyTorch code (``bench/airbench94_reference.py --trace``,
+Reads a trace written by airbench94's PyTorch code (``bench/airbench94_trace.py``,
 in an environment with PyTorch), then, in this project's code:
 
 1. whitens from the same 5,000 images (:func:`train.airbench.whiten_from`) and compares the
@@ -16,7 +16,7 @@ in an environment with PyTorch), then, in this project's code:
 
 ::
 
-    python bench/airbench94_reference.py --data ../shared/data/cifar10-jpeg.zip --trace /tmp/trace.npz
+    python bench/airbench94_trace.py --data ../shared/data/cifar10-jpeg.zip --out /tmp/trace.npz
     python bench/airbench_port_check.py /tmp/trace.npz [--backend jax]
 
 Prints one JSON object; exits 1 when a comparison fails.
@@ -59,7 +59,7 @@ def relative(a, b):
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("trace", help=".npz from bench/airbench94_reference.py --trace")
+    parser.add_argument("trace", help=".npz from bench/airbench94_trace.py")
     parser.add_argument("--backend", choices=("tensorflow", "jax"), default="tensorflow")
     parser.add_argument("--optimizer", choices=("sgd_pytorch", "sgd"),
                         help="override the recipe's optimizer (sgd: Keras's form, to see what it changes)")
@@ -82,8 +82,9 @@ def main():
 
     # 1. Whitening from the same images.
     airbench.whiten_from(model, images[:airbench.WHITEN_IMAGES])
-    ours = network.get_layer("whiten").kernel.numpy().reshape(-1, 24)
-    theirs = trace["initial/0.weight"].transpose(2, 3, 1, 0).reshape(-1, 24)
+    ours = network.get_layer("whiten").kernel.numpy()
+    ours = ours.reshape(-1, ours.shape[-1])  # one column per filter
+    theirs = trace["initial/0.weight"].transpose(2, 3, 1, 0).reshape(ours.shape)
     signs = np.sign(np.sum(ours * theirs, axis=0))
     report["whitening_kernel"] = relative(ours * signs, theirs)
 
