@@ -202,7 +202,8 @@ def test_the_recipe_steps_as_pytorchs_nesterov_sgd_under_a_changing_rate():
 
     from train import schedules
 
-    assert models.recipe("airbench").optimizer == "sgd_pytorch"
+    recipe = models.recipe("airbench")
+    assert recipe.optimizer == "sgd_pytorch"
     rates, momentum, gradients = [0.2, 0.6, 1.0, 0.5], 0.85, [1.0, -2.0, 0.5, 3.0]
     # torch.optim.SGD(nesterov=True): buf = momentum * buf + g; w -= lr * (g + momentum * buf)
     weight, buffer, expected = 1.0, 0.0, []
@@ -211,7 +212,6 @@ def test_the_recipe_steps_as_pytorchs_nesterov_sgd_under_a_changing_rate():
         weight -= rate * (gradient + momentum * buffer)
         expected.append(weight)
 
-    recipe = models.recipe("airbench")
     step = keras.Variable(0, dtype="int64", trainable=False)
     optimizer = schedules.optimizer(recipe, 1.0, "constant", 4)
     optimizer.learning_rate = lambda: keras.ops.take(keras.ops.convert_to_tensor(rates), step)
