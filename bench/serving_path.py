@@ -10,8 +10,9 @@ client (no socket, no gunicorn), or one stage of that request is called directly
 * the hello-world app (bench/hello_app.py): Flask and the test client alone, the in-process floor;
 * serve with a model that answers at once (the real model's outputs, computed beforehand): the
   server's own path, then the same without its ``before_request``/``after_request`` hooks (API
-  keys, security headers, metrics), and its parts called directly: multipart parsing, decoding,
-  ``Classifier.classify`` (decoding included), and the JSON answer;
+  keys, security headers, metrics), and its parts called directly: multipart parsing, decoding
+  (the server's path, then Pillow alone, which the server keeps for all but plain JPEGs; one image,
+  then a 64-image request's), ``Classifier.classify`` (decoding included), and the JSON answer;
 * the model alone, batch 1, on one thread (what each of the default two gunicorn workers gives
   it) and on every core;
 * serve with the model in its default runtime and threads.
@@ -80,13 +81,15 @@ def poster(app, body):
     return post
 
 
-def build_rows(model_dir, jpeg):
+def build_rows(model_dir, jpeg, jpegs):
     """``[(label, fn)]``, every row's call ready to time."""
     from flask import jsonify
 
     from serve import classify, create_app, images, runtimes, uploads
 
     body = multipart([("image.jpg", jpeg)])
+    pillow = images._decode_with_pillow
+    limit = images.DEFAULT_MAX_PIXELS
     served = create_app({"MODEL_DIR": model_dir})
     backend = served.extensions["serve.backend"]
     backend.wait_loaded()
@@ -119,7 +122,10 @@ def build_rows(model_dir, jpeg):
         ("serve, model answering at once", poster(answered, body)),
         ("  the same without the before/after hooks", poster(bare, body)),
         ("  multipart parsing (in a request context)", parse),
-        ("  decoding the JPEG (Pillow)", lambda: images.decode(jpeg)),
+        ("  decoding the JPEG (the server's path: simplejpeg)", lambda: images.decode(jpeg)),
+        ("  decoding the JPEG (Pillow)", lambda: pillow(jpeg, limit)),
+        (f"  decoding {len(jpegs)} JPEGs (the server's path)", lambda: images.decode_many(jpegs)),
+        (f"  decoding {len(jpegs)} JPEGs (Pillow)", lambda: [pillow(data, limit) for data in jpegs]),
         ("  Classifier.classify, decoding included", lambda: classifier.classify(upload, 3)),
         ("  the JSON answer", answer_json),
         (f"model alone ({backend.runtime}), batch 1, 1 thread", lambda: one_thread.pixels(pixels)),
@@ -137,8 +143,8 @@ def main(argv=None):
     args = p.parse_args(argv)
     # Metrics as under gunicorn: prometheus-client's multiprocess files.
     os.environ["PROMETHEUS_MULTIPROC_DIR"] = tempfile.mkdtemp(prefix="bench-serving-path-")
-    [(_, _, jpeg)] = read_test_jpegs(args.data, 1)
-    rows = build_rows(os.path.abspath(args.model_dir), jpeg)
+    jpegs = [data for _, _, data in read_test_jpegs(args.data, 64)]
+    rows = build_rows(os.path.abspath(args.model_dir), jpegs[0], jpegs)
 
     print(f"command: python bench/serving_path.py {' '.join(sys.argv[1:] if argv is None else argv)}")
     print(f"machine: {cpu_model()}, {os.cpu_count()} CPUs; load average at start {load_average()}\n")

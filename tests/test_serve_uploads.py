@@ -1,4 +1,4 @@
-"""How uploads are read: the multipart parser's refusals, and the batch decoder against Pillow."""
+"""How uploads are read: the multipart parser's refusals, and the JPEG fast path against Pillow."""
 
 import io
 
@@ -67,7 +67,7 @@ def test_bad_multipart_on_the_form_is_a_page(client):
     assert b"The upload cannot be read" in response.data
 
 
-# -- the batch decoder ----------------------------------------------------------------------
+# -- the JPEG fast path --------------------------------------------------------------------
 
 
 def _exif_rotated():
@@ -77,79 +77,67 @@ def _exif_rotated():
 
 
 def _uploads():
-    """Plain images TensorFlow decodes, and every kind that must still go through Pillow."""
+    """Plain JPEGs that skip Pillow, and every kind that must still go through it."""
     plain = []
-    for seed in range(12):
+    for seed in range(6):
         image = Image.fromarray(photo_like(seed))
-        plain.append(synthetic.encode(image, "JPEG", quality=60 + 3 * seed))
-        plain.append(synthetic.encode(image, "PNG"))
+        for subsampling in (0, 1, 2):  # 4:4:4, 4:2:2, 4:2:0
+            plain.append(synthetic.encode(image, "JPEG", quality=50 + 9 * seed, subsampling=subsampling))
     plain.append(synthetic.encode(Image.fromarray(photo_like(90)).convert("L"), "JPEG"))
-    plain.append(synthetic.encode(Image.fromarray(photo_like(91)).convert("L"), "PNG"))
     plain.append(synthetic.encode(photo_like(92), "JPEG", progressive=True, subsampling=2))
-    plain.append(synthetic.encode(synthetic.make_images(1, seed=3)[0][0], "PNG"))
+    plain.append(synthetic.encode(photo_like(93), "JPEG", optimize=True, restart_marker_blocks=1))
+    mpo = io.BytesIO()
+    Image.fromarray(photo_like(67)).save(mpo, "MPO", save_all=True, append_images=[Image.fromarray(photo_like(68))])
     pillow_only = [
         _exif_rotated(),
+        mpo.getvalue(),  # Pillow names it MPO
         synthetic.encode(photo_like(60, size=48), "JPEG"),  # needs a resize
-        synthetic.encode(Image.fromarray(photo_like(61)).convert("P"), "PNG"),  # palette
-        synthetic.encode(Image.fromarray(photo_like(62)).convert("RGBA"), "PNG"),  # alpha
         synthetic.encode(Image.fromarray(photo_like(63)).convert("CMYK"), "JPEG"),
-        synthetic.encode(Image.fromarray((photo_like(64)[..., 0].astype(np.uint16) * 257)), "PNG"),  # 16-bit
+        synthetic.encode(photo_like(64), "PNG"),
+        synthetic.encode(Image.fromarray(photo_like(61)).convert("P"), "PNG"),  # palette
         synthetic.encode(photo_like(65), "GIF"),
         synthetic.encode(photo_like(66), "BMP"),
     ]
-    broken = [b"", b"not an image", synthetic.encode(photo_like(70), "TIFF")]
+    good = synthetic.encode(photo_like(80), "JPEG")
+    broken = [
+        b"", b"not an image", b"\xff\xd8\xff" + bytes(200), synthetic.encode(photo_like(70), "TIFF"),
+        good[: len(good) - 200],  # the header is whole, the scan is cut short
+    ]
     return plain, pillow_only, broken
 
 
-def _same(batch, one_by_one):
-    for got, want in zip(batch, one_by_one, strict=True):
-        if isinstance(want, ServeError):
-            assert isinstance(got, ServeError) and (str(got), got.status) == (str(want), want.status)
-        else:
-            assert got[1] == want[1]
-            np.testing.assert_array_equal(got[0], want[0])
+def _through_pillow(monkeypatch):
+    """The data that ``decode`` hands to Pillow, recorded."""
+    seen = []
+    real = imaging._decode_with_pillow
+    monkeypatch.setattr(imaging, "_decode_with_pillow", lambda data, max_pixels: seen.append(data) or real(data, max_pixels))
+    return seen
 
 
-def _one_by_one(datas):
-    results = []
-    for data in datas:
-        try:
-            results.append(imaging.decode(data))
-        except ServeError as e:
-            results.append(e)
-    return results
+def _pillow_says(data, max_pixels=imaging.DEFAULT_MAX_PIXELS):
+    try:
+        return imaging._decode_with_pillow(data, max_pixels)
+    except ServeError as e:
+        return e
 
 
-def test_batch_decode_gives_pillows_pixels_and_only_plain_images_skip_pillow(monkeypatch):
+def test_plain_jpegs_skip_pillow_and_give_its_pixels(monkeypatch):
     plain, pillow_only, broken = _uploads()
     datas = plain + pillow_only + broken
-    assert len(datas) >= imaging.BATCH_DECODE_MIN
-    want = _one_by_one(datas)
+    want = [_pillow_says(data) for data in datas]
+    assert sum(isinstance(w, ServeError) for w in want) == len(broken)
+    seen = _through_pillow(monkeypatch)
+    for got, wanted in zip(imaging.decode_many(datas), want, strict=True):
+        if isinstance(wanted, ServeError):
+            assert isinstance(got, ServeError) and (str(got), got.status) == (str(wanted), wanted.status)
+        else:
+            assert got[1] == wanted[1]
+            np.testing.assert_array_equal(got[0], wanted[0])
+    assert seen == pillow_only + broken  # and nothing plain
 
-    through_pillow = []
-    real_decode = imaging.decode
-    monkeypatch.setattr(imaging, "decode", lambda data, max_pixels: through_pillow.append(data) or real_decode(data, max_pixels))
-    _same(imaging.decode_many(datas), want)
-    assert through_pillow == pillow_only + broken  # every plain image went to TensorFlow
 
-
-def test_damaged_data_in_a_batch_is_named_and_the_rest_decoded():
+def test_a_pixel_limit_below_the_models_input_refuses_even_plain_jpegs(monkeypatch):
     plain, _, _ = _uploads()
-    good = synthetic.encode(photo_like(80), "JPEG")
-    truncated = good[: len(good) - 200]  # the header is whole, the scan is cut short
-    datas = plain[:20] + [truncated]
-    results = imaging.decode_many(datas)
-    assert isinstance(results[-1], ServeError) and results[-1].status == 400
-    _same(results[:-1], _one_by_one(datas[:-1]))
-
-
-def test_small_requests_and_tight_pixel_limits_use_pillow(monkeypatch):
-    plain, _, _ = _uploads()
-    calls = []
-    real_decode = imaging.decode
-    monkeypatch.setattr(imaging, "decode", lambda data, max_pixels: calls.append(data) or real_decode(data, max_pixels))
-    imaging.decode_many(plain[: imaging.BATCH_DECODE_MIN - 1])
-    assert len(calls) == imaging.BATCH_DECODE_MIN - 1
-    calls.clear()
+    seen = _through_pillow(monkeypatch)
     results = imaging.decode_many(plain, max_pixels=100)
-    assert len(calls) == len(plain) and all(r.status == 413 for r in results)
+    assert seen == plain and all(r.status == 413 for r in results)
