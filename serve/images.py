@@ -8,7 +8,7 @@ import io
 import warnings
 
 import simplejpeg
-from PIL import Image, ImageOps, UnidentifiedImageError
+from PIL import Image, UnidentifiedImageError
 
 from contract import CHANNELS, IMAGE_SIZE
 from contract.pixels import to_rgb32
