@@ -61,11 +61,13 @@ def _decode_plain_jpeg(data):
     and simplejpeg both run libjpeg-turbo with its defaults (accurate integer DCT, smooth chroma
     upsampling), so the pixels are Pillow's (``tests/test_serve_uploads.py`` checks).
     """
-    if data[:3] != b"\xff\xd8\xff" or b"Exif\x00\x00" in data or b"MPF\x00" in data:
+    if data[:3] != b"\xff\xd8\xff":
         return None
     try:
         height, width, colorspace, _ = simplejpeg.decode_jpeg_header(data)
         if (height, width) != (IMAGE_SIZE, IMAGE_SIZE) or colorspace not in ("YCbCr", "Gray"):
+            return None
+        if b"Exif\x00\x00" in data or b"MPF\x00" in data:
             return None
         return simplejpeg.decode_jpeg(data, colorspace="RGB", strict=True)
     except ValueError:  # damaged or unusual: Pillow decides, and says what is wrong
