@@ -74,9 +74,7 @@ def run(run_dir, model_dir=DEFAULT_MODEL_DIR, name=DEFAULT_MODEL_NAME, version=N
       ExportError: bad input (missing or mismatched run files, an existing version, an
         unwritable directory). Nothing is left behind in ``model_dir`` when it is raised.
     """
-    import keras
-    import numpy as np
-
+    # Bad input is reported before Keras (and TensorFlow) load: a mistyped --run costs no seconds.
     manifest = _read_manifest(run_dir)
     weights_path = os.path.join(run_dir, WEIGHTS_FILE)
     if not os.path.isfile(weights_path):
@@ -89,6 +87,8 @@ def run(run_dir, model_dir=DEFAULT_MODEL_DIR, name=DEFAULT_MODEL_NAME, version=N
         # Checked again just before the rename; this early check only saves the user a wait.
         raise ExportError(f"{os.path.join(os.path.abspath(model_dir), name, str(version))} already exists; "
                           "versions are never overwritten")
+    import keras
+    import numpy as np
 
     # The export graph is float32 whatever training used: the weights are float32, and
     # serving has no reason to lose precision. The policy is global, so restore it.

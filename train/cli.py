@@ -8,6 +8,8 @@ Typical usage::
 import argparse
 import os
 import sys
+import tarfile
+import zipfile
 
 from train import trainer
 
@@ -80,6 +82,24 @@ def build_parser():
     return p
 
 
+def check_data(source):
+    """The checks of :func:`train.data.load` that need no framework, made before TensorFlow loads.
+
+    A mistyped ``--data`` is one line in a moment instead of after seconds of framework start-up;
+    the messages are ``train.data.load``'s own, which makes the same checks again later.
+    """
+    if source == trainer.DEFAULT_DATA:  # Keras's downloader; whether it is reachable shows only by trying
+        return
+    if not os.path.exists(source):
+        raise trainer.UsageError(f"data path {source!r} does not exist")
+    try:
+        readable = os.path.isdir(source) or zipfile.is_zipfile(source) or tarfile.is_tarfile(source)
+    except OSError as exc:
+        raise trainer.UsageError(f"cannot read data path {source!r}: {exc.strerror or exc}") from None
+    if not readable:
+        raise trainer.UsageError(f"{source!r} is neither a folder, a .zip, nor a CIFAR-10 binary tarball")
+
+
 def main(argv=None):
     args = build_parser().parse_args(argv)
     config = trainer.Config(
@@ -93,6 +113,7 @@ def main(argv=None):
         verbose=0 if args.quiet else (1 if sys.stdout.isatty() else 2),
     )
     try:
+        check_data(config.data)
         trainer.run(config)
     except trainer.UsageError as exc:
         print(f"error: {exc}", file=sys.stderr)

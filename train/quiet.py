@@ -2,10 +2,11 @@
 
 Loading TensorFlow prints lines from C++ before its logging is set up, so
 ``TF_CPP_MIN_LOG_LEVEL`` cannot silence them: absl's "log messages before InitializeLog"
-warning, "Could not find cuda drivers" and, on any machine without a GPU, ``E0000 ... failed
-call to cuInit``, which reads as a failure. :func:`native_startup` routes file descriptor 2
-through a pipe while the frameworks load and passes on every line except those known ones;
-``CIFAR_VERBOSE=1`` passes everything.
+warning, "Could not find cuda drivers", on any machine without a GPU ``E0000 ... failed
+call to cuInit``, which reads as a failure, and on CPUs where TensorFlow turns oneDNN on by itself
+(AVX-512 and newer, or ``TF_ENABLE_ONEDNN_OPTS=1``) ``port.cc:153] oneDNN custom operations are
+on``. :func:`native_startup` routes file descriptor 2 through a pipe while the frameworks load and
+passes on every line except those known ones; ``CIFAR_VERBOSE=1`` passes everything.
 """
 
 import contextlib
@@ -20,6 +21,7 @@ NOISE = re.compile(
     rb"|cudart_stub\.cc:\d+\] Could not find cuda drivers"
     rb"|cuda_platform\.cc:\d+\] failed call to cuInit"
     rb"|cuda_executor\.cc:\d+\] .*(no NVIDIA GPU|could not open file to read NUMA node)"
+    rb"|port\.cc:\d+\] oneDNN custom operations are on\. "
     rb"|cpu_feature_guard\.cc:\d+\] This TensorFlow binary is optimized"
     rb"|^To enable the following instructions: .* rebuild TensorFlow with the appropriate compiler flags\."
     rb"|^INFO: Created TensorFlow Lite XNNPACK delegate for CPU\."
