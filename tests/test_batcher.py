@@ -1,20 +1,49 @@
 """The micro-batcher alone, with a plain function standing in for the model."""
 
 import threading
-import time
 
 import numpy as np
 
 from serve.batcher import Batcher
 
+DEADLINE_S = 60  # how long a step may take on a loaded machine before the test calls it stuck
 
-def _slow_identity(images):
-    time.sleep(0.01)  # long enough for other requests to queue behind a running batch
+
+def _identity(images):
     return {"echo": images.copy(), "sum": images.reshape(len(images), -1).sum(axis=1)}
 
 
+class _Gate:
+    """A model that holds every call until it is opened: requests queue behind a running call for sure."""
+
+    def __init__(self):
+        self.entered = threading.Event()
+        self.opened = threading.Event()
+
+    def __call__(self, images):
+        self.entered.set()
+        assert self.opened.wait(DEADLINE_S), "the gate was never opened"
+        return _identity(images)
+
+
+def _count_queued(batcher):
+    """Wrap the batcher's queue so the test can wait until a number of requests are in it."""
+    queued = threading.Semaphore(0)
+    put = batcher._queue.put
+
+    def counting_put(item, *args, **kwargs):
+        put(item, *args, **kwargs)
+        if item is not None:
+            queued.release()
+
+    batcher._queue.put = counting_put
+    return queued
+
+
 def test_every_request_gets_its_own_rows_and_batches_stay_bounded():
-    batcher = Batcher(_slow_identity, max_batch=8, max_wait_s=0.005)
+    gate = _Gate()
+    batcher = Batcher(gate, max_batch=8, max_wait_s=0.005)
+    queued = _count_queued(batcher)
     results, errors = {}, []
 
     def client(i, n):
@@ -25,10 +54,17 @@ def test_every_request_gets_its_own_rows_and_batches_stay_bounded():
             errors.append(e)
 
     threads = [threading.Thread(target=client, args=(i, 1 + i % 3)) for i in range(40)]
-    for t in threads:
+    # The first request finds the batcher idle and runs inline; the gate holds it there...
+    threads[0].start()
+    assert gate.entered.wait(DEADLINE_S)
+    # ...so the 39 others all queue behind it, whatever the machine's load.
+    for t in threads[1:]:
         t.start()
+    for _ in range(39):
+        assert queued.acquire(timeout=DEADLINE_S), "a request never reached the queue"
+    gate.opened.set()
     for t in threads:
-        t.join(timeout=30)
+        t.join(timeout=DEADLINE_S)
     batcher.close()
     assert not errors
     for i in range(40):
@@ -37,17 +73,18 @@ def test_every_request_gets_its_own_rows_and_batches_stay_bounded():
         np.testing.assert_array_equal(results[i]["sum"], np.full(n, i * 12))
     assert max(batcher.batch_sizes) <= 8
     assert sum(size * count for size, count in batcher.batch_sizes.items()) == sum(1 + i % 3 for i in range(40))
-    assert any(size > 3 for size in batcher.batch_sizes), "concurrent requests shared model calls"
+    # 78 queued images in batches of at most 8, each but the first and the last at least 6 (a request is 1-3).
+    assert sum(count for size, count in batcher.batch_sizes.items() if size >= 6) >= 8, batcher.batch_sizes
 
 
 def test_a_lone_request_runs_at_once():
     # A batcher that waited to fill its batch would take the whole hour; the thread gives up
-    # after a minute, far longer than any loaded machine needs for one 10 ms call.
-    batcher = Batcher(_slow_identity, max_batch=32, max_wait_s=3600.0)
+    # after a minute, far longer than any loaded machine needs for one call.
+    batcher = Batcher(_identity, max_batch=32, max_wait_s=3600.0)
     result = {}
     thread = threading.Thread(target=lambda: result.update(batcher.submit(np.full((1, 2, 2, 3), 7, np.uint8))), daemon=True)
     thread.start()
-    thread.join(60)
+    thread.join(DEADLINE_S)
     try:
         assert "echo" in result, "an idle batcher never waits to fill a batch"
         assert (result["echo"] == 7).all() and result["echo"].shape == (1, 2, 2, 3)
