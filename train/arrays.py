@@ -18,32 +18,44 @@ import keras
 import numpy as np
 
 from contract import IMAGE_SIZE
-from train.data import first_flips, pad_for_evaluation
+from train.data import check_shard, first_flips, pad_for_evaluation
 
 WORKERS = max(1, min(4, (os.cpu_count() or 1) - 1))  # batch-making threads beside the training loop
 
 
-def augment(images, pad, rng, flips=None):
+def augment(images, pad, rng, flips=None, shard=(0, 1)):
     """Random crop after ``pad``-pixel reflection padding (none when 0), and a horizontal flip (``flips``, or at random).
 
     The NumPy twin of :func:`train.data.augment`: one gather, the flip folded into the column index.
+    ``shard=(index, count)``: ``images`` is part ``index`` of ``count`` equal parts of a global
+    batch; the draws are made for the whole global batch and this part's are used.
     """
     n = len(images)
-    flip = rng.random(n) < 0.5 if flips is None else flips
+    index, count = shard
+    part = slice(index * n, (index + 1) * n)
+    flip = rng.random(count * n)[part] < 0.5 if flips is None else flips
     cols = np.where(flip[:, None], np.arange(IMAGE_SIZE - 1, -1, -1), np.arange(IMAGE_SIZE))
     rows = np.broadcast_to(np.arange(IMAGE_SIZE), (n, IMAGE_SIZE))
     if pad:
         images = np.pad(images, ((0, 0), (pad, pad), (pad, pad), (0, 0)), mode="reflect")
-        rows = rows + rng.integers(0, 2 * pad + 1, (n, 1))
-        cols = cols + rng.integers(0, 2 * pad + 1, (n, 1))
+        rows = rows + rng.integers(0, 2 * pad + 1, (count * n, 1))[part]
+        cols = cols + rng.integers(0, 2 * pad + 1, (count * n, 1))[part]
     return images[np.arange(n)[:, None, None], rows[:, :, None], cols[:, None, :]]
 
 
 class _Batches(keras.utils.PyDataset):
-    def __init__(self, global_batch, num_classes):
+    def __init__(self, global_batch, num_classes, shard=(0, 1)):
         super().__init__(workers=WORKERS, max_queue_size=2 * WORKERS)
         self.global_batch = global_batch
         self.num_classes = num_classes
+        self.shard = check_shard(shard, global_batch)
+
+    def _part(self, i):
+        """The positions in the data of this process's part of global batch ``i``."""
+        index, count = self.shard
+        local = self.global_batch // count
+        start = i * self.global_batch + index * local
+        return slice(start, start + local)
 
     def _labels(self, y):
         if self.num_classes is None:
@@ -55,8 +67,8 @@ class TrainBatches(_Batches):
     """Shuffled, augmented float32 batches; the last partial batch of each epoch is dropped."""
 
     def __init__(self, x, y, global_batch, augmentation=True, seed=None, crop_padding=4, num_classes=None,
-                 alternate_flips=False):
-        super().__init__(global_batch, num_classes)
+                 alternate_flips=False, shard=(0, 1)):
+        super().__init__(global_batch, num_classes, shard)
         self.x, self.y = x, y
         self.augmentation, self.crop_padding = augmentation, crop_padding
         self.seed = 0 if seed is None else seed
@@ -68,12 +80,13 @@ class TrainBatches(_Batches):
         return len(self.x) // self.global_batch
 
     def __getitem__(self, i):
-        index = self.order[i * self.global_batch:(i + 1) * self.global_batch]
+        index = self.order[self._part(i)]
         images = self.x[index]
         if self.augmentation:
-            # One stream per (seed, epoch, batch): the same batch whichever thread makes it.
+            # One stream per (seed, epoch, batch): the same batch whichever thread (or process) makes it.
             flips = None if self.first_flips is None else self.first_flips[index] ^ (self.epoch % 2 == 1)
-            images = augment(images, self.crop_padding, np.random.default_rng([self.seed, self.epoch, i]), flips)
+            images = augment(images, self.crop_padding, np.random.default_rng([self.seed, self.epoch, i]), flips,
+                             self.shard)
         return images.astype(np.float32), self._labels(self.y[index])
 
     def on_epoch_end(self):
@@ -87,15 +100,15 @@ class TrainBatches(_Batches):
 class EvalBatches(_Batches):
     """Every image exactly once, the last batch padded with zero-weight copies (as ``data.eval_dataset``)."""
 
-    def __init__(self, x, y, global_batch, num_classes=None):
-        super().__init__(global_batch, num_classes)
+    def __init__(self, x, y, global_batch, num_classes=None, shard=(0, 1)):
+        super().__init__(global_batch, num_classes, shard)
         self.x, self.y, self.weights = pad_for_evaluation(x, y, global_batch)
 
     def __len__(self):
         return len(self.x) // self.global_batch
 
     def __getitem__(self, i):
-        batch = slice(i * self.global_batch, (i + 1) * self.global_batch)
+        batch = self._part(i)
         return self.x[batch].astype(np.float32), self._labels(self.y[batch]), self.weights[batch]
 
 

@@ -214,26 +214,36 @@ def _check(splits, source):
 # --- tf.data pipelines (train.arrays has their TensorFlow-free twins) -------------------
 
 
-def augment(images, pad=4, flips=None):
+def augment(images, pad=4, flips=None, shard=(0, 1)):
     """Random crop after ``pad``-pixel reflection padding (none when ``pad`` is 0), and a horizontal flip.
 
     Works on a batch of uint8 images with a static shape; every op runs on a TPU. ``flips``
     (bool, one per image) says which images to mirror; without it each is mirrored at random.
     The flip is folded into the column gather (reversed column indices) rather than a reverse
     and a select over the whole batch: on the CPU that takes a quarter to a third off the
-    pipeline's cost.
+    pipeline's cost. ``shard=(index, count)``: ``images`` is part ``index`` of ``count`` equal
+    parts of a global batch; the random draws are made for the whole global batch and this
+    part's are used, so the processes of a multi-process run augment as one process would.
     """
     import tensorflow as tf
 
+    index, count = shard
     batch = tf.shape(images)[0]
-    flip = tf.random.uniform([batch, 1]) < 0.5 if flips is None else flips[:, None]
+
+    def draw(make):  # this part's share of draws made for the whole global batch
+        if count == 1:
+            return make(batch)
+        local = images.shape[0]  # static: a part of a drop_remainder batch
+        return make(count * local)[index * local:(index + 1) * local]
+
+    flip = draw(lambda n: tf.random.uniform([n, 1])) < 0.5 if flips is None else flips[:, None]
     cols = tf.where(flip, tf.range(IMAGE_SIZE - 1, -1, -1)[None, :], tf.range(IMAGE_SIZE)[None, :])
     if pad == 0:
         return tf.gather(images, cols, axis=2, batch_dims=1)
     padded = tf.pad(images, [[0, 0], [pad, pad], [pad, pad], [0, 0]], mode="REFLECT")
     # One random offset per image, applied with a gather so the batch keeps its static shape.
-    dx = tf.random.uniform([batch, 1], 0, 2 * pad + 1, dtype=tf.int32)
-    dy = tf.random.uniform([batch, 1], 0, 2 * pad + 1, dtype=tf.int32)
+    dx = draw(lambda n: tf.random.uniform([n, 1], 0, 2 * pad + 1, dtype=tf.int32))
+    dy = draw(lambda n: tf.random.uniform([n, 1], 0, 2 * pad + 1, dtype=tf.int32))
     cropped = tf.gather(padded, dy + tf.range(IMAGE_SIZE)[None, :], axis=1, batch_dims=1)
     return tf.gather(cropped, dx + cols, axis=2, batch_dims=1)
 
@@ -244,17 +254,21 @@ def first_flips(count, seed):
 
 
 def train_dataset(x, y, global_batch, augmentation=True, seed=None, crop_padding=4, num_classes=None,
-                  alternate_flips=False):
+                  alternate_flips=False, shard=(0, 1)):
     """Shuffled, augmented, static-shape batches (``drop_remainder=True``), repeated per epoch.
 
     Labels are one-hot over ``num_classes`` when it is given (for label smoothing), else integers.
     With ``alternate_flips`` (and ``augmentation``) each image is mirrored in every other epoch,
     starting from :func:`first_flips`, rather than at random (airbench: more distinct views in few
     epochs); the dataset then repeats without end and counts its own epochs, from 0 again when a
-    run resumes.
+    run resumes. ``shard=(index, count)``: this process's part of each global batch, for
+    ``count`` processes that shuffle alike (same ``seed``) and each feed ``global_batch / count``
+    images, so a batch is cut before anything but the cached decode touches its images.
     """
     import tensorflow as tf
 
+    index, count = check_shard(shard, global_batch)
+    local = global_batch // count
     alternate = augmentation and alternate_flips
     columns = (x, y, first_flips(len(x), seed)) if alternate else (x, y)
     ds = tf.data.Dataset.from_tensor_slices(columns).cache()
@@ -264,21 +278,38 @@ def train_dataset(x, y, global_batch, augmentation=True, seed=None, crop_padding
         steps = len(x) // global_batch
         ds = ds.repeat().enumerate().map(
             lambda step, batch: (batch[0], batch[1], tf.not_equal(batch[2], (step // steps) % 2 == 1)))
+    if count > 1:
+        ds = ds.map(lambda *batch: tuple(column[index * local:(index + 1) * local] for column in batch))
     if augmentation:
-        ds = ds.map(lambda images, labels, *flips: (augment(images, crop_padding, *flips), labels),
+        ds = ds.map(lambda images, labels, *flips: (augment(images, crop_padding, *flips, shard=(index, count)), labels),
                     num_parallel_calls=tf.data.AUTOTUNE)
     ds = ds.map(lambda images, labels: (tf.cast(images, tf.float32), _labels(tf, labels, num_classes)))
     return ds.prefetch(tf.data.AUTOTUNE)
 
 
-def eval_dataset(x, y, global_batch, num_classes=None):
-    """Every test image exactly once, in static-shape batches (see :func:`pad_for_evaluation`)."""
+def eval_dataset(x, y, global_batch, num_classes=None, shard=(0, 1)):
+    """Every test image exactly once, in static-shape batches (see :func:`pad_for_evaluation`).
+
+    ``shard=(index, count)``: this process's part of each global batch, as for :func:`train_dataset`.
+    """
     import tensorflow as tf
 
+    index, count = check_shard(shard, global_batch)
+    local = global_batch // count
     ds = tf.data.Dataset.from_tensor_slices(pad_for_evaluation(x, y, global_batch)).cache()
     ds = ds.batch(global_batch, drop_remainder=True)
+    if count > 1:
+        ds = ds.map(lambda *batch: tuple(column[index * local:(index + 1) * local] for column in batch))
     return ds.map(lambda images, labels, w: (tf.cast(images, tf.float32), _labels(tf, labels, num_classes), w)
                   ).prefetch(tf.data.AUTOTUNE)
+
+
+def check_shard(shard, global_batch):
+    """``shard`` as ``(index, count)``, checked: a valid part, and global batches that split into equal parts."""
+    index, count = shard
+    if not 0 <= index < count or global_batch % count:
+        raise ValueError(f"cannot take part {index} of {count} from global batches of {global_batch}")
+    return index, count
 
 
 def pad_for_evaluation(x, y, global_batch):

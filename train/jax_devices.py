@@ -5,7 +5,14 @@ pod slice, several hosts) join through ``keras.distribution.initialize()``, whic
 ``KERAS_DISTRIBUTION_JOB_ADDRESSES``, ``KERAS_DISTRIBUTION_NUM_PROCESSES`` and
 ``KERAS_DISTRIBUTION_PROCESS_ID`` (or finds a Cloud TPU pod by itself). With more than one
 device the model's variables are replicated and every global batch is split across the
-devices (``DataParallel``); process 0 writes the run directory.
+devices (``DataParallel``).
+
+With several processes, each feeds only its own part of every global batch (:func:`shard`;
+the input pipelines cut it, and Keras's own re-batching of the dataset is switched off: its
+re-batched dataset has no known length, so Keras kept one iterator across epochs and every
+second epoch found it empty, which under JAX left the model's variables purged). Process 0
+alone writes the run and its backup, which every process resumes from (:class:`ChiefBackup`).
+CPU collectives between processes go through gloo.
 """
 
 import contextlib
@@ -13,6 +20,7 @@ import os
 
 import jax
 import keras
+import numpy as np
 
 from train.hardware import AcceleratorError, Placement, installed
 
@@ -22,6 +30,10 @@ MULTI_PROCESS_VARIABLES = ("KERAS_DISTRIBUTION_JOB_ADDRESSES", "KERAS_DISTRIBUTI
 def placement(tpu="auto"):
     """The :class:`Placement` over every device JAX can see; ``tpu`` as for the TensorFlow backend."""
     if any(os.environ.get(name) for name in MULTI_PROCESS_VARIABLES):
+        if not jax.config.jax_cpu_collectives_implementation:
+            # Collectives between processes' CPU devices (Keras's seed agreement, and CPU training):
+            # gloo over TCP, JAX's default since 0.4.3x; set here in case a JAX has none by default.
+            jax.config.update("jax_cpu_collectives_implementation", "gloo")
         keras.distribution.initialize()
     devices = jax.devices()
     platform = devices[0].platform  # "tpu", "gpu" or "cpu"
@@ -31,7 +43,8 @@ def placement(tpu="auto"):
     if tpu == "auto" and platform != "tpu" and installed("libtpu"):
         note = f"no TPU found; training on {len(devices)} {platform.upper()} device(s)"
     if len(devices) > 1:
-        distribution = keras.distribution.DataParallel(devices=devices)
+        # The input pipelines give each process its own part of every global batch (shard()).
+        distribution = keras.distribution.DataParallel(devices=devices, auto_shard_dataset=False)
         # Global, not only a scope: fit() lays out every batch by the distribution in force.
         keras.distribution.set_distribution(distribution)
         name, scope = "DataParallel", distribution.scope
@@ -51,6 +64,56 @@ def placement(tpu="auto"):
     )
 
 
+def shard():
+    """``(index, count)``: this process's part of each global batch, and how many parts there are."""
+    return jax.process_index(), jax.process_count()
+
+
+class ChiefBackup(keras.callbacks.BackupAndRestore):
+    """``BackupAndRestore`` for several processes: process 0 writes the backup, every process reads it.
+
+    The backup is under the run directory, which every process must see (a shared volume), so
+    all resume from the same epoch with the same weights; a process that cannot see what process 0
+    sees is an error on every process, never a silent start from scratch on some. Process 0 saves
+    outside the distribution: Keras makes a variable while saving, which under the distribution
+    would be laid out over every process's devices, a collective the others are not in.
+    """
+
+    def __init__(self, backup_dir, chief):
+        super().__init__(backup_dir)
+        self.chief = chief
+
+    def on_train_begin(self, logs=None):
+        from jax.experimental import multihost_utils
+
+        present = np.int32(os.path.exists(self._weights_path))
+        seen = multihost_utils.process_allgather(present)
+        if len(set(np.ravel(seen).tolist())) > 1:
+            raise AcceleratorError(
+                f"the processes disagree on whether {self._weights_path} exists (process by process: "
+                f"{np.ravel(seen).tolist()}); every process must mount the run directory to resume")
+        super().on_train_begin(logs)  # every process loads the same file: equal values, as device_put checks
+
+    def _save_model(self):
+        if self.chief:
+            with without_distribution():
+                super()._save_model()
+
+    def on_train_end(self, logs=None):
+        if self.chief:
+            super().on_train_end(logs)
+
+
+@contextlib.contextmanager
+def without_distribution():
+    previous = keras.distribution.distribution()
+    keras.distribution.set_distribution(None)
+    try:
+        yield
+    finally:
+        keras.distribution.set_distribution(previous)
+
+
 @contextlib.contextmanager
 def on_host():
     """The handover's context: no distribution, and new arrays on the host's CPU.
@@ -58,13 +121,8 @@ def on_host():
     The fingerprint must be what export computes on a CPU in float32; a GPU computes float32
     convolutions in TF32 by default, about 1e-4 away (seen on an H200), beyond export's 1e-5.
     """
-    previous = keras.distribution.distribution()
-    keras.distribution.set_distribution(None)
-    try:
-        with jax.default_device(jax.devices("cpu")[0]):
-            yield
-    finally:
-        keras.distribution.set_distribution(previous)
+    with without_distribution(), jax.default_device(jax.local_devices(backend="cpu")[0]):
+        yield
 
 
 class Profile(keras.callbacks.Callback):

@@ -20,6 +20,7 @@ The input pipeline is tf.data on the host for both. Everything goes under ``--ou
 Re-running the same command after a kill resumes from the last finished epoch.
 """
 
+import contextlib
 import dataclasses
 import os
 import shutil
@@ -119,13 +120,13 @@ def run(config, strategy=None, splits=None):
         plan = _plan(config, recipe, placement, len(splits.x_train))
     except (hardware.AcceleratorError, data.DataError) as exc:
         raise UsageError(str(exc)) from None
-    # Non-chief workers must still write (collectives need everyone): each into a folder of its
-    # own that stays put across restarts, so every worker resumes from its own backup.
-    workdir = output if placement.chief else os.path.join(output, f".{placement.worker}")
-    try:
-        os.makedirs(workdir, exist_ok=True)
-    except OSError as exc:
-        raise UsageError(f"cannot create output directory {output}: {exc.strerror}") from None
+    # Only the chief writes: the run, its logs and the backup every process resumes from.
+    workdir = output
+    if placement.chief:
+        try:
+            os.makedirs(workdir, exist_ok=True)
+        except OSError as exc:
+            raise UsageError(f"cannot create output directory {output}: {exc.strerror}") from None
 
     if placement.note:
         _say(config, placement.note)
@@ -145,9 +146,11 @@ def run(config, strategy=None, splits=None):
 
     model, wall_time = _fit(config, recipe, plan, placement, splits, workdir)
     if not placement.chief:
-        shutil.rmtree(workdir, ignore_errors=True)
         return None
-    handover.save_weights_atomically(model, os.path.join(output, WEIGHTS_FILE))
+    # Under JAX, outside the distribution: Keras makes a variable while saving, which would otherwise
+    # be laid out over every process's devices (a collective the other processes are not in).
+    with placement.host() if placement.backend == "jax" else contextlib.nullcontext():
+        handover.save_weights_atomically(model, os.path.join(output, WEIGHTS_FILE))
     manifest = handover.hand_over(config, recipe, plan, placement, splits, output, wall_time)
     _say(config, f"test accuracy {manifest.metrics['test_accuracy']:.4f} on {manifest.metrics['test_images']} "
                  f"images; weights and manifest in {output}")
@@ -232,10 +235,11 @@ def _fit(config, recipe, plan, placement, splits, workdir):
     num_classes = splits.num_classes
     labels = num_classes if one_hot else None
     pipelines = _pipelines()
+    shard = _shard(placement)  # several processes: each feeds its own part of every global batch
     train_ds = pipelines.train_dataset(splits.x_train, splits.y_train, plan.global_batch, plan.augment,
                                        seed=config.seed, crop_padding=plan.crop_padding, num_classes=labels,
-                                       alternate_flips=recipe.alternate_flips)
-    val_ds = pipelines.eval_dataset(splits.x_test, splits.y_test, plan.global_batch, num_classes=labels)
+                                       alternate_flips=recipe.alternate_flips, shard=shard)
+    val_ds = pipelines.eval_dataset(splits.x_test, splits.y_test, plan.global_batch, num_classes=labels, shard=shard)
 
     previous_policy = keras.mixed_precision.global_policy()
     keras.mixed_precision.set_global_policy(plan.precision)
@@ -281,6 +285,15 @@ def _pipelines():
     return arrays
 
 
+def _shard(placement):
+    """``(index, count)`` of this process among the processes that share each global batch."""
+    if placement.backend != "jax":
+        return 0, 1  # TensorFlow trains in one process (multi-worker training is refused)
+    from train import jax_devices
+
+    return jax_devices.shard()
+
+
 def _callbacks(config, placement, workdir):
     import keras
 
@@ -288,11 +301,17 @@ def _callbacks(config, placement, workdir):
 
     logs = os.path.join(workdir, "logs")
     tensorboard_profile = config.profile_steps if placement.backend == "tensorflow" else None
-    callbacks = [
-        keras.callbacks.BackupAndRestore(os.path.join(workdir, "backup")),
-        report.EpochTimer(),
-        keras.callbacks.CSVLogger(os.path.join(workdir, "history.csv"), append=True),
-    ]
+    backup = os.path.join(workdir, "backup")
+    if _shard(placement)[1] > 1:
+        from train import jax_devices
+
+        restore = jax_devices.ChiefBackup(backup, placement.chief)  # the others resume from the chief's
+    else:
+        restore = keras.callbacks.BackupAndRestore(backup)
+    callbacks = [restore, report.EpochTimer()]
+    if not placement.chief:
+        return callbacks  # only the chief writes the run
+    callbacks.append(keras.callbacks.CSVLogger(os.path.join(workdir, "history.csv"), append=True))
     if "tensorflow" in sys.modules:  # Keras writes TensorBoard summaries through tf.summary
         callbacks.append(keras.callbacks.TensorBoard(logs, profile_batch=tensorboard_profile or 0))
     if config.profile_steps and placement.backend == "jax":
