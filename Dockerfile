@@ -13,26 +13,37 @@
 # time. The default MODEL_SRC is a folder holding only a README, so a plain build copies no model.
 
 ARG PYTHON_VERSION=3.11
+# Any Debian bookworm image whose `python` is CPython ${PYTHON_VERSION} with venv. CI has no registry
+# to pull from: scripts/container_check.sh builds a stand-in with debootstrap (Debian's python3 3.11)
+# under its own name and passes it here, so no local image poses as Docker Hub's.
+ARG BASE_IMAGE=python:${PYTHON_VERSION}-slim-bookworm
+# The lock of the `serve` extra (no TensorFlow); requirements/savedmodel.txt for SERVE_RUNTIME=savedmodel.
+ARG LOCK=requirements/serve.txt
 
-# --- build: install the package and the `serve` extra (no TensorFlow) into a virtual environment --
-FROM python:${PYTHON_VERSION}-slim-bookworm AS build
+# --- build: the locked `serve` dependencies and the package into a virtual environment ----------
+FROM ${BASE_IMAGE} AS build
+ARG LOCK
 ENV PIP_DISABLE_PIP_VERSION_CHECK=1
 RUN python -m venv /opt/venv
 ENV PATH=/opt/venv/bin:$PATH
 WORKDIR /src
-# Only what the install needs: the project metadata (README.md is its readme) and the packages the
-# server imports (of client/, only the vendored protos); tests/test_deploy.py checks that serve/
-# imports nothing else. "./[serve]" is ".[serve]" spelled so hadolint sees a local path, not an
-# unpinned package from an index. SERVE_RUNTIME=savedmodel needs "./[savedmodel]" instead.
+# The exact versions and hashes first (README: "Updating the lock"), in a layer of their own that a
+# code change does not rebuild. Every file comes from PyPI and must match its hash.
+COPY ${LOCK} ./requirements.txt
+RUN pip install --no-cache-dir --require-hashes -r requirements.txt
+# Then the project alone, resolving nothing: only what the install needs, the project metadata
+# (README.md is its readme) and the packages the server imports (of client/, only the vendored
+# protos); tests/test_deploy.py checks that serve/ imports nothing else. "./" is spelled so hadolint
+# sees a local path, not an unpinned package from an index.
 COPY pyproject.toml README.md ./
 COPY contract ./contract
 COPY client/__init__.py ./client/
 COPY client/protos ./client/protos
 COPY serve ./serve
-RUN pip install --no-cache-dir "./[serve]"
+RUN pip install --no-cache-dir --no-deps --no-build-isolation "./"
 
 # --- runtime: the virtual environment, a non-root user, the model at /models -------------------
-FROM python:${PYTHON_VERSION}-slim-bookworm AS runtime
+FROM ${BASE_IMAGE} AS runtime
 ARG MODEL_SRC=deploy/no-model
 RUN groupadd --system --gid 10001 app \
     && useradd --system --uid 10001 --gid app --no-create-home --shell /usr/sbin/nologin app \

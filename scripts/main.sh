@@ -27,8 +27,9 @@ PORT=${PORT:-8000}
 export TF_CPP_MIN_LOG_LEVEL=${TF_CPP_MIN_LOG_LEVEL:-2}
 
 python3 -m venv .venv
-.venv/bin/python -m pip install -q --upgrade pip
-.venv/bin/python -m pip install -q -e ".[all]"
+# The locked versions (requirements/all.txt, with hashes), then the project with nothing else resolved.
+.venv/bin/python -m pip install -q --require-hashes -r requirements/all.txt
+.venv/bin/python -m pip install -q --no-deps --no-build-isolation -e .
 
 CIFAR_DATA=${CIFAR_DATA:-cifar10}
 if [ "$CIFAR_DATA" = cifar10 ]; then

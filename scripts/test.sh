@@ -19,6 +19,8 @@ if ! command -v redis-server >/dev/null 2>&1; then
   fi
 fi
 python3 -m venv .venv
-.venv/bin/python -m pip install -q --upgrade pip
-.venv/bin/python -m pip install -q -e ".[test]"
+# The locked versions, each checked against its hash (requirements/test.txt: every extra but tpu and
+# gpu; README "Updating the lock"), then the project itself with nothing else resolved.
+.venv/bin/python -m pip install -q --require-hashes -r requirements/test.txt
+.venv/bin/python -m pip install -q --no-deps --no-build-isolation -e .
 .venv/bin/python -m pytest "$@"
