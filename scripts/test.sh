@@ -5,7 +5,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 if ! command -v chromium >/dev/null 2>&1; then
   if [ "$(id -u)" = 0 ]; then
-    apt-get update -qq && apt-get install -y -qq chromium >/dev/null
+    apt-get -o DPkg::Lock::Timeout=600 update -qq && apt-get -o DPkg::Lock::Timeout=600 install -y -qq chromium >/dev/null
   else
     sudo apt-get update -qq && sudo apt-get install -y -qq chromium >/dev/null
   fi
@@ -13,7 +13,7 @@ fi
 # tests/test_security.py starts a real Redis (the shared rate-limit store) on a loopback port.
 if ! command -v redis-server >/dev/null 2>&1; then
   if [ "$(id -u)" = 0 ]; then
-    apt-get update -qq && apt-get install -y -qq redis-server >/dev/null
+    apt-get -o DPkg::Lock::Timeout=600 update -qq && apt-get -o DPkg::Lock::Timeout=600 install -y -qq redis-server >/dev/null
   else
     sudo apt-get update -qq && sudo apt-get install -y -qq redis-server >/dev/null
   fi
