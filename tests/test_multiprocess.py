@@ -1,0 +1,181 @@
+"""Multi-process JAX training on this CPU: processes joined by ``keras.distribution.initialize()``.
+
+Each process is ``python -m train`` (through ``tests/multiprocess_worker.py``, which adds a digest
+of every process's variables after each epoch) with ``KERAS_DISTRIBUTION_*`` set as the
+Kubernetes Jobs set them. Every wait is on a process or a file, with a generous deadline.
+"""
+
+import csv
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+
+import synthetic
+from contract import MANIFEST_FILE, WEIGHTS_FILE
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+WORKER = os.path.join(REPO, "tests", "multiprocess_worker.py")
+GLOBAL_BATCH = 16
+EPOCHS = 3
+DEADLINE_S = 900  # a whole run on a loaded 2-core machine; never reached when all is well
+# No augmentation: one process and several see the same batches, so their losses can be compared closely.
+FLAGS = ["--backend", "jax", "--model", "seed_cnn", "--precision", "float32", "--no-augment", "--seed", "3"]
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("localhost", 0))
+        return s.getsockname()[1]
+
+
+def start(data, output, digests, processes, devices_per_process=1, epochs=EPOCHS, stop_after=None):
+    """Start ``processes`` training processes; ``stop_after`` maps a process id to the epochs after which it dies."""
+    port = free_port()
+    batch = GLOBAL_BATCH // (processes * devices_per_process)
+    procs = []
+    for i in range(processes):
+        env = {k: v for k, v in os.environ.items() if k not in ("KERAS_BACKEND", "JAX_PLATFORMS")}
+        env.update(TF_CPP_MIN_LOG_LEVEL="3", PYTHONPATH=REPO,
+                   XLA_FLAGS=f"--xla_force_host_platform_device_count={devices_per_process}")
+        if processes > 1:
+            env.update(KERAS_DISTRIBUTION_JOB_ADDRESSES=",".join(f"localhost:{port}" for _ in range(processes)),
+                       KERAS_DISTRIBUTION_NUM_PROCESSES=str(processes), KERAS_DISTRIBUTION_PROCESS_ID=str(i))
+        command = [sys.executable, WORKER, str(digests), str((stop_after or {}).get(i, 0)), *FLAGS,
+                   "--data", str(data), "--output", str(output), "--epochs", str(epochs), "--batch-size", str(batch)]
+        log = open(f"{output}.process-{i}.log", "a")  # a restart appends to the first run's log
+        procs.append(subprocess.Popen(command, cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT))
+        log.close()
+    return procs
+
+
+def finish(procs, output):
+    for i, proc in enumerate(procs):
+        try:
+            code = proc.wait(timeout=DEADLINE_S)
+        except subprocess.TimeoutExpired:
+            for p in procs:
+                p.kill()
+            raise
+        assert code == 0, f"process {i} exited {code}:\n" + log_tail(output, i)
+
+
+def log_tail(output, i):
+    with open(f"{output}.process-{i}.log") as f:
+        return f.read()[-3000:]
+
+
+def digests(directory, process):
+    """``{epoch: (sha256, loss)}`` as process ``process`` wrote them, in order (a list of triples)."""
+    path = os.path.join(directory, f"process-{process}.txt")
+    if not os.path.exists(path):
+        return []
+    with open(path) as f:
+        return [(int(epoch), sha, float(loss)) for epoch, sha, loss in (line.split() for line in f if line.strip())]
+
+
+def history(output):
+    with open(os.path.join(output, "history.csv")) as f:
+        return list(csv.DictReader(f))
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory):
+    splits = synthetic.make_splits(train_per_class=32, test_per_class=8)  # 96 images: 6 global batches
+    return synthetic.write_tree(tmp_path_factory.mktemp("mp-data"), splits)
+
+
+@pytest.fixture(scope="module")
+def pair_run(tmp_path_factory, data):
+    """Two processes with two host devices each (4 replicas of 4 images), trained to the end."""
+    tmp = tmp_path_factory.mktemp("mp-pair")
+    output, sums = tmp / "run", tmp / "digests"
+    finish(start(data, output, sums, processes=2, devices_per_process=2), output)
+    return output, sums
+
+
+@pytest.fixture(scope="module")
+def single_run(tmp_path_factory, data):
+    """One process, one device, the same global batch of 16 and seed."""
+    tmp = tmp_path_factory.mktemp("mp-single")
+    output, sums = tmp / "run", tmp / "digests"
+    finish(start(data, output, sums, processes=1), output)
+    return output, sums
+
+
+def test_two_processes_keep_identical_weights_after_every_epoch_and_only_process_0_writes(pair_run):
+    output, sums = pair_run
+    first, second = digests(sums, 0), digests(sums, 1)
+    assert [epoch for epoch, _, _ in first] == list(range(EPOCHS))
+    assert [(e, sha) for e, sha, _ in first] == [(e, sha) for e, sha, _ in second]
+    assert len({sha for _, sha, _ in first}) == EPOCHS  # the weights moved every epoch (no empty epoch)
+
+    manifest = json.loads((output / MANIFEST_FILE).read_text())
+    training = manifest["training"]
+    assert (training["backend"], training["strategy"], training["replicas"]) == ("jax", "DataParallel", 4)
+    assert (training["global_batch"], training["batch_size_per_replica"]) == (GLOBAL_BATCH, 4)
+    assert (training["epochs"], training["steps_per_epoch"]) == (EPOCHS, 96 // GLOBAL_BATCH)
+    assert [int(row["epoch"]) for row in history(output)] == list(range(EPOCHS))
+    assert manifest["metrics"]["test_accuracy"] > 0.6  # three classes: chance is 0.33
+    # Process 0 wrote the run; the other process wrote nothing beside it or inside it.
+    assert not (output / "backup").exists()
+    assert sorted(p.name for p in output.iterdir() if p.name.startswith(".")) == []
+    assert sorted(p.name for p in output.parent.iterdir()) == ["digests", "run", "run.process-0.log",
+                                                             "run.process-1.log"]
+
+
+def test_two_processes_train_as_one_process_with_the_same_global_batch(pair_run, single_run):
+    (pair, pair_sums), (single, single_sums) = pair_run, single_run
+    pair_losses = [loss for _, _, loss in digests(pair_sums, 0)]
+    single_losses = [loss for _, _, loss in digests(single_sums, 0)]
+    # The same batches and seed: only the order of the float32 sums differs (measured: < 1e-4).
+    np.testing.assert_allclose(pair_losses, single_losses, rtol=2e-3)
+    pair_manifest = json.loads((pair / MANIFEST_FILE).read_text())
+    single_manifest = json.loads((single / MANIFEST_FILE).read_text())
+    assert single_manifest["training"]["replicas"] == 1
+    assert single_manifest["training"]["global_batch"] == pair_manifest["training"]["global_batch"] == GLOBAL_BATCH
+    assert single_manifest["training"]["learning_rate"] == pair_manifest["training"]["learning_rate"]
+    # 24 test images: one image is 0.042.
+    assert abs(pair_manifest["metrics"]["test_accuracy"] - single_manifest["metrics"]["test_accuracy"]) <= 0.05
+
+
+def test_weights_of_two_processes_export_under_tensorflow_with_the_fingerprint(pair_run, tmp_path):
+    from export import exporter
+
+    output, _ = pair_run
+    version = exporter.run(run_dir=str(output), model_dir=str(tmp_path), name="cifar10", verbose=0)  # fingerprint
+    published = json.loads((tmp_path / "cifar10" / "1" / "assets.extra" / "manifest.json").read_text())
+    assert published["training"]["replicas"] == 4 and os.path.basename(version) == "1"
+    assert (tmp_path / "cifar10" / "1" / "saved_model.pb").exists()
+
+
+def test_a_killed_process_and_a_restart_of_both_resume_from_the_last_finished_epoch(tmp_path, data):
+    output, sums = tmp_path / "run", tmp_path / "digests"
+    # Process 1 dies as a kill would, right after its first epoch; process 0 then waits in a collective.
+    first, second = start(data, output, sums, processes=2, stop_after={1: 1})
+    assert second.wait(timeout=DEADLINE_S) == 3, log_tail(output, 1)
+    deadline = time.monotonic() + DEADLINE_S
+    while not digests(sums, 0) and first.poll() is None:  # process 0 has saved epoch 1 and written its digest
+        assert time.monotonic() < deadline, "process 0 never finished its first epoch"
+        try:
+            first.wait(timeout=0.5)
+        except subprocess.TimeoutExpired:
+            pass
+    first.kill()
+    first.wait(timeout=60)
+    assert [e for e, _, _ in digests(sums, 0)] == [0] and not (output / MANIFEST_FILE).exists()
+    assert (output / "backup" / "latest.weights.h5").exists()
+
+    finish(start(data, output, sums, processes=2), output)  # the same command again, on both
+    zero, one = digests(sums, 0), digests(sums, 1)
+    assert [e for e, _, _ in zero] == [e for e, _, _ in one] == [0, 1, 2]  # epochs 2 and 3 after the restart
+    assert [sha for _, sha, _ in zero] == [sha for _, sha, _ in one]
+    assert [int(row["epoch"]) for row in history(output)] == [0, 1, 2]
+    manifest = json.loads((output / MANIFEST_FILE).read_text())
+    assert manifest["training"]["epochs"] == EPOCHS and manifest["metrics"]["test_accuracy"] > 0.6
+    assert (output / WEIGHTS_FILE).exists() and not (output / "backup").exists()
