@@ -24,16 +24,17 @@ def create_app(config=None, backend=None):
     from serve import api, backends, classify, health, metrics, settings, tfserving_api, v2_api, web
 
     app = Flask(__name__)
-    app.config.update(settings.from_environ())
-    app.config.from_mapping(config or {})
-    if "MAX_UPLOAD_MB" in (config or {}):
-        app.config["MAX_CONTENT_LENGTH"] = int(float(config["MAX_UPLOAD_MB"]) * 1024 * 1024)
+    # One typed, checked settings object: a bad value stops the start here, naming its variable.
+    configured = settings.Settings.from_env(overrides=config)
+    known = configured.flask_config()
+    app.config.update(known)
+    app.config.from_mapping({k: v for k, v in (config or {}).items() if k not in known})
     # A body that cannot be read (JSON however deep, a broken chunked body) is a 400 on every route.
     from serve import bodies
 
     bodies.init_app(app)
 
-    app_metrics = metrics.Metrics()
+    app_metrics = metrics.Metrics(multiprocess=bool(configured.prometheus_multiproc_dir))
     app.extensions["serve.metrics"] = app_metrics
     # API keys, rate limits, CORS, security headers, ProxyFix (serve/security.py); before the model
     # loads, so that an unreadable key file stops the start at once.
@@ -42,9 +43,11 @@ def create_app(config=None, backend=None):
     security.init_app(app, app_metrics)
     if backend is None:
         backend = backends.from_config(
-            app.config, on_batch=app_metrics.batch_size.observe, on_load=app_metrics.model_loaded
+            app.config, on_batch=app_metrics.batch_size.observe, on_load=app_metrics.model_loaded,
+            on_skip=app_metrics.version_skipped,
         )
     app.extensions["serve.backend"] = backend
+    app.extensions["serve.readiness"] = health.Readiness(backend)
     # The core of / and /api/v1/predict, given what it needs instead of reaching into the app.
     app.extensions["serve.classifier"] = classify.Classifier(backend, app.config["MAX_PIXELS"], app_metrics.images.inc)
 

@@ -4,6 +4,7 @@ Typical usage::
 
     python -m serve --model-dir models/cifar10 --host 127.0.0.1 --port 8000
     python -m serve --backend tfserving-rest --tfserving-rest-url http://127.0.0.1:8501
+    python -m serve --check        # print the effective settings and exit (2: a bad value, named)
 
 Flags set the environment variables of :mod:`serve.settings` and then exec
 ``gunicorn -c python:serve.gunicorn_conf "serve:create_app()"``, the same command the
@@ -30,6 +31,7 @@ def main(argv=None):
     parser.add_argument("--tfserving-grpc-target", help="TF Serving gRPC host:port (sets TFSERVING_GRPC_TARGET)")
     parser.add_argument("--workers", type=int, help="gunicorn worker processes (sets WEB_CONCURRENCY; default 2, 1 on one core)")
     parser.add_argument("--threads", type=int, help="threads per worker (sets GUNICORN_THREADS; default 16)")
+    parser.add_argument("--check", action="store_true", help="print the settings the server would run with, and exit")
     args = parser.parse_args(argv)
     env = {
         "MODEL_DIR": args.model_dir and os.path.abspath(args.model_dir),
@@ -43,10 +45,18 @@ def main(argv=None):
         "GUNICORN_THREADS": args.threads and str(args.threads),
     }
     os.environ.update({key: value for key, value in env.items() if value})
+    try:
+        configured = settings.Settings.from_env()
+    except settings.SettingsError as e:
+        print(f"serve: {e}", file=sys.stderr)
+        return 2
+    if args.check:
+        print(configured.describe())
+        return 0
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     # Safe: this interpreter with fixed arguments; no shell, and nothing from the user reaches argv.
     os.execv(sys.executable, [sys.executable, "-m", "gunicorn", *GUNICORN_ARGS])  # nosec B606
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

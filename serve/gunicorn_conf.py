@@ -12,29 +12,37 @@ lists every variable read here.
 
 import os
 import shutil
+import sys
 import tempfile
 
-# All interfaces: the container's default (a container is reached through its own address); HOST narrows it.
-bind = f"{os.environ.get('HOST', '0.0.0.0')}:{os.environ.get('PORT', '8000')}"  # nosec B104
-workers = int(os.environ.get("WEB_CONCURRENCY") or min(2, len(os.sched_getaffinity(0))))
-threads = int(os.environ.get("GUNICORN_THREADS", "16"))
+from serve.settings import Settings, SettingsError
+
+try:
+    _settings = Settings.from_env()
+except SettingsError as e:  # one line naming the variable, before any worker starts
+    print(f"serve: {e}", file=sys.stderr)
+    sys.exit(2)
+
+bind = f"{_settings.host}:{_settings.port}"
+workers = _settings.web_concurrency
+threads = _settings.gunicorn_threads
 worker_class = "gthread"
 # Loading TensorFlow and the SavedModel takes a while; never fork after importing TensorFlow.
-timeout = int(os.environ.get("GUNICORN_TIMEOUT", "120"))
+timeout = _settings.gunicorn_timeout
 graceful_timeout = 20
 keepalive = 5
 preload_app = False
-accesslog = os.environ.get("GUNICORN_ACCESSLOG")  # "-" for stdout; off by default
+accesslog = _settings.gunicorn_accesslog  # "-" for stdout; off by default
 errorlog = "-"
-loglevel = os.environ.get("GUNICORN_LOGLEVEL", "info")
+loglevel = _settings.gunicorn_loglevel
 
 # Prometheus multiprocess mode: every worker writes its metrics to files in one directory,
 # and /metrics adds them up. The directory must be empty when the server starts.
-_own_prometheus_dir = not os.environ.get("PROMETHEUS_MULTIPROC_DIR")
+_own_prometheus_dir = None if _settings.prometheus_multiproc_dir else tempfile.mkdtemp(prefix="serve-prometheus-")
 if _own_prometheus_dir:
-    os.environ["PROMETHEUS_MULTIPROC_DIR"] = tempfile.mkdtemp(prefix="serve-prometheus-")
+    os.environ["PROMETHEUS_MULTIPROC_DIR"] = _own_prometheus_dir
 else:
-    _dir = os.environ["PROMETHEUS_MULTIPROC_DIR"]
+    _dir = _settings.prometheus_multiproc_dir
     os.makedirs(_dir, exist_ok=True)
     for _name in os.listdir(_dir):
         if _name.endswith(".db"):
@@ -49,7 +57,7 @@ MALLOC_ARENAS = 2
 
 
 def post_fork(server, worker):
-    if "MALLOC_ARENA_MAX" not in os.environ:
+    if _settings.malloc_arena_max is None:
         _limit_malloc_arenas(MALLOC_ARENAS)
 
 
@@ -99,4 +107,4 @@ def child_exit(server, worker):
 
 def on_exit(server):
     if _own_prometheus_dir:
-        shutil.rmtree(os.environ["PROMETHEUS_MULTIPROC_DIR"], ignore_errors=True)
+        shutil.rmtree(_own_prometheus_dir, ignore_errors=True)

@@ -1,10 +1,56 @@
-"""``/healthz`` (the process answers), ``/readyz`` (a probe prediction succeeds), ``/metrics``."""
+"""``/healthz`` (the process answers), ``/readyz`` (the last probe prediction succeeded), ``/metrics``.
+
+A probe prediction costs a model call, and ``/readyz`` is open to anyone: :class:`Readiness`
+runs one at most once a second per worker and answers every other ``/readyz`` (and the v2 health
+routes) from its result, so no number of probes drives more inference than that.
+"""
+
+import threading
+import time
 
 from flask import Blueprint, Response, current_app, jsonify
 
 from serve.errors import ServeError
 
 bp = Blueprint("health", __name__)
+
+#: Seconds a probe's result stands for.
+PROBE_INTERVAL_S = 1.0
+
+
+class Readiness:
+    """The backend's ``ready()``, run at most once every ``interval_s`` seconds; its version, or the ``ServeError``."""
+
+    def __init__(self, backend, interval_s=PROBE_INTERVAL_S, clock=time.monotonic):
+        self._backend = backend
+        self._interval_s = interval_s
+        self._clock = clock
+        self._lock = threading.Lock()
+        self._checked_at = None
+        self._result = None
+        #: How many probe predictions ran (tests read it).
+        self.probes = 0
+
+    def check(self):
+        """The served version; raises the probe's ``ServeError`` (503) when it failed."""
+        with self._lock:  # one probe at a time; the others wait for its result
+            now = self._clock()
+            if self._checked_at is None or now - self._checked_at >= self._interval_s:
+                self._result = self._probe()
+                self._checked_at = self._clock()
+            result = self._result
+        if isinstance(result, ServeError):
+            raise result
+        return result
+
+    def _probe(self):
+        self.probes += 1
+        try:
+            return self._backend.ready()
+        except ServeError as e:
+            return ServeError(str(e), 503)
+        except Exception as e:  # the probe itself failing means "not ready", never a 500
+            return ServeError(f"probe failed: {type(e).__name__}: {e}", 503)
 
 
 @bp.get("/healthz")
@@ -15,15 +61,15 @@ def healthz():
 @bp.get("/readyz")
 def readyz():
     backend = current_app.extensions["serve.backend"]
+    skipped = getattr(backend, "skipped_versions", None) or {}
+    extra = {"skipped_versions": [{"version": v, "reason": why} for v, why in sorted(skipped.items())]} if skipped else {}
     try:
-        version = backend.ready()
+        version = current_app.extensions["serve.readiness"].check()
     except ServeError as e:
-        return jsonify(error=str(e), backend=backend.kind), 503
-    except Exception as e:  # never let the probe itself break readiness reporting
-        return jsonify(error=f"probe failed: {type(e).__name__}: {e}", backend=backend.kind), 503
+        return jsonify(error=str(e), backend=backend.kind, **extra), e.status
     return jsonify(
         status="ready", model=current_app.config["MODEL_NAME"], version=version, backend=backend.kind,
-        runtime=getattr(backend, "runtime", None),
+        runtime=getattr(backend, "runtime", None), **extra,
     )
 
 

@@ -14,16 +14,20 @@ as before. The areas of the site:
   ``SERVE_FORM_NEEDS_KEY`` is not 0; a browser sends it as the password of HTTP Basic
   authentication, which it asks for by itself (the user name is ignored).
 * ``metrics``: ``/metrics``, with keys of its own (``SERVE_METRICS_KEYS``), so that a scraper's
-  credential opens no model and a client's key shows no metrics.
-* ``open``: ``/healthz``, ``/readyz`` and ``/static/`` never need a key and are never rate limited.
+  credential opens no model and a client's key shows no metrics. With API keys on and no metrics
+  keys, it takes the API keys: it is never left open while the API is closed.
+* ``open``: ``/healthz``, ``/readyz`` and ``/static/`` never need a key, and have a rate limit of
+  their own (``SERVE_RATE_LIMIT_OPEN``, off by default: a kubelet probes from one address).
 
 Keys are compared with :func:`hmac.compare_digest`, against every configured key. They are never
 logged: a client's rate-limit bucket is named by a digest of its key, and a key in a URL is not
 accepted. Rejections are counted in ``serve_rejections_total{reason, area}``.
 
-Rate limits (Flask-Limiter) count per client and per route: a client is its API key when it sends
-a valid one, else its address (after ``ProxyFix``), so a wrong-key guesser is limited by address.
-Unauthenticated requests count too. Answers over the limit are 429 with ``Retry-After``: JSON on
+Rate limits (Flask-Limiter) count per client and per area: every route of an area draws on one
+budget (the predict routes of the three protocols share the API's), so a client cannot multiply its
+limit by spreading requests over routes. A client is its API key when it sends a valid one, else
+its address (after ``ProxyFix``), so a wrong-key guesser is limited by address. Unauthenticated
+requests count too. Answers over the limit are 429 with ``Retry-After``: JSON on
 the API, the form page with a message on the form.
 """
 
@@ -86,16 +90,6 @@ def load_keys(listed, path):
     return tuple(dict.fromkeys(key.encode("utf-8") for key in keys))
 
 
-def check_limit(text):
-    """Refuse a limit Flask-Limiter cannot read at start, not as a 500 on every request."""
-    from limits import parse_many
-
-    try:
-        parse_many(text)
-    except ValueError as e:
-        raise ValueError(f"{text!r} is not a rate limit (e.g. '10/second;300/minute'): {e}") from e
-
-
 def area_of(path):
     """``api``, ``metrics``, ``open`` or ``form`` (see the module docstring)."""
     if path.startswith(API_PREFIXES) or path in API_ROOTS:
@@ -142,17 +136,16 @@ class Security:
         self.keys = {
             "api": self.api_keys,
             "form": self.api_keys if config.get("FORM_NEEDS_KEY", True) else (),
-            "metrics": self.metrics_keys,
+            "metrics": self.metrics_keys or self.api_keys,
             "open": (),
         }
+        # The values were checked by serve.settings when the app was made.
         self.limits = {
             "api": config.get("RATE_LIMIT_API") or config.get("RATE_LIMIT") or "",
             "form": config.get("RATE_LIMIT_FORM") or config.get("RATE_LIMIT") or "",
             "metrics": config.get("RATE_LIMIT") or "",
-            "open": "",
+            "open": config.get("RATE_LIMIT_OPEN") or "",
         }
-        for limit in filter(None, self.limits.values()):
-            check_limit(limit)
         self.cors_origins = split_list(config.get("CORS_ORIGINS"))
         self.trusted_proxies = int(config.get("TRUSTED_PROXIES") or 0)
         self.limiter = None
@@ -213,7 +206,7 @@ class Security:
         return response
 
     def rate_limit_for_request(self):
-        """The limit string for this request's area ('' = none); Flask-Limiter counts it per route."""
+        """The limit string for this request's area ('' = none); one count per client and area."""
         if request.method == "OPTIONS":  # a browser's CORS preflight is not a use of the API
             return ""
         return self.limits[area_of(request.path)]
@@ -263,7 +256,8 @@ def init_app(app, metrics):
 
         security.limiter = Limiter(
             key_func=security.client_id,
-            default_limits=[Limit(security.rate_limit_for_request)],
+            # shared, with the area as its scope: one count per client for every route of an area.
+            default_limits=[Limit(security.rate_limit_for_request, shared=True, scope=lambda endpoint: area_of(request.path))],
             storage_uri=app.config.get("RATE_LIMIT_STORE") or "memory://",
             headers_enabled=True,
             # If Redis goes away, count in memory (per worker) rather than answer 500.

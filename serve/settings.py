@@ -1,62 +1,272 @@
-"""Server configuration from environment variables, named as in TF Serving's image.
+"""The server's configuration: every environment variable it reads, parsed and checked in one place.
 
-The variables, their defaults and what each does are listed in one place: the configuration
-and security tables of ``serve/README.md`` (``tests/test_settings_docs.py`` keeps them in step
-with this module).
+The variables, their defaults and what each does are listed in the configuration and security
+tables of ``serve/README.md`` (``tests/test_settings_docs.py`` keeps that list and :class:`Settings`
+in step). :meth:`Settings.from_env` reads them all at once and refuses a bad value with one line
+naming the variable; ``create_app``, ``serve/gunicorn_conf.py`` and ``python -m serve`` all start
+from it, so a value that would break a request later stops the start instead.
+
+Typical usage::
+
+    python -m serve --check        # the effective settings, or the first bad one (exit 2)
 """
 
+import dataclasses
 import os
+import re
 
-from contract import DEFAULT_MODEL_NAME
+from contract import DEFAULT_MODEL_NAME, DEFAULT_SERVING_RUNTIME
 
 DEFAULT_MODEL_BASE_PATH = "/models"
 DEFAULT_BACKEND = "local"
-DEFAULT_RUNTIME = "litert"  # why: serve.runtimes
+DEFAULT_RUNTIME = DEFAULT_SERVING_RUNTIME  # why: serve.runtimes
 DEFAULT_TIMEOUT_S = 5.0
 DEFAULT_TFSERVING_MAX_BATCH = 128  # deploy/batching.config's max_batch_size
 DEFAULT_MODEL_POLL_S = 30.0
 DEFAULT_MAX_BATCH = 32
+DEFAULT_MAX_IMAGES = 256
 DEFAULT_BATCH_WAIT_MS = 2.0
-DEFAULT_MAX_UPLOAD_MB = 16
+DEFAULT_MAX_UPLOAD_MB = 16.0
 DEFAULT_MAX_PIXELS = 4096 * 4096
 DEFAULT_TOP_K = 3
 BACKENDS = ("local", "tfserving-rest", "tfserving-grpc")
+RUNTIMES = ("litert", "litert-int8", "savedmodel")
+LOG_LEVELS = ("debug", "info", "warning", "error", "critical")
 DEFAULT_RATE_LIMIT_STORE = "memory://"
+#: The storage schemes Flask-Limiter's ``limits`` package accepts.
+RATE_LIMIT_STORES = ("memory", "redis", "rediss", "redis+unix", "redis+sentinel", "redis+cluster", "memcached", "mongodb", "valkey")
+TRUE_WORDS = ("1", "true", "yes", "on")
 FALSE_WORDS = ("0", "false", "no", "off")
+
+
+class SettingsError(ValueError):
+    """A variable with a value the server cannot run with; the message names it."""
+
+
+# -- parsers: a string from the environment (or a typed value from a test's config) to a value ----
+def _text(value):
+    return str(value)
+
+
+def _name(value):
+    if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]*", str(value)):
+        raise ValueError("must be letters, digits, '.', '_' or '-' (it is part of every URL)")
+    return str(value)
+
+
+def _integer(low, high=None):
+    def parse(value):
+        if isinstance(value, bool):
+            raise ValueError("must be a whole number")
+        try:
+            number = int(value) if isinstance(value, int) else int(str(value).strip())
+        except ValueError:
+            raise ValueError("must be a whole number") from None
+        _check_range(number, low, high)
+        return number
+
+    return parse
+
+
+def _number(low, high=None, above=None):
+    def parse(value):
+        if isinstance(value, bool):
+            raise ValueError("must be a number")
+        try:
+            number = float(value)
+        except (TypeError, ValueError):
+            raise ValueError("must be a number") from None
+        if number != number or number in (float("inf"), float("-inf")):
+            raise ValueError("must be a finite number")
+        if above is not None and number <= above:
+            raise ValueError(f"must be more than {above:g}")
+        _check_range(number, low, high)
+        return number
+
+    return parse
+
+
+def _check_range(number, low, high):
+    if low is not None and number < low:
+        raise ValueError(f"must be at least {low:g}")
+    if high is not None and number > high:
+        raise ValueError(f"must be at most {high:g}")
+
+
+def _choice(*choices):
+    def parse(value):
+        if value not in choices:
+            raise ValueError(f"must be one of {', '.join(choices)}")
+        return value
+
+    return parse
+
+
+def _boolean(value):
+    if isinstance(value, bool):
+        return value
+    word = str(value).strip().lower()
+    if word in TRUE_WORDS:
+        return True
+    if word in FALSE_WORDS:
+        return False
+    raise ValueError(f"must be one of {', '.join(TRUE_WORDS + FALSE_WORDS)}")
+
+
+def _rate_limit(value):
+    from limits import parse_many
+
+    text = str(value)
+    try:
+        parse_many(text)
+    except ValueError:
+        raise ValueError("is not a rate limit (e.g. '10/second;300/minute')") from None
+    return text
+
+
+def _rate_limit_store(value):
+    scheme = str(value).partition("://")[0]
+    if "://" not in str(value) or scheme not in RATE_LIMIT_STORES:
+        raise ValueError(f"must be a storage URI such as memory:// or redis://HOST:PORT/DB (schemes: {', '.join(RATE_LIMIT_STORES)})")
+    return str(value)
+
+
+def _url(value):
+    if not re.fullmatch(r"https?://[^\s/]+(/\S*)?", str(value)):
+        raise ValueError("must be an http:// or https:// URL")
+    return str(value)
+
+
+def _origins(value):
+    items = value.split(",") if isinstance(value, str) else list(value or ())
+    origins = [item.strip() for item in items if item and item.strip()]
+    for origin in origins:
+        if origin != "*" and not re.fullmatch(r"https?://[^\s/]+", origin):
+            raise ValueError(f"{origin!r} is not an origin such as https://app.example (scheme and host, no path)")
+    return ",".join(origins)
+
+
+def _var(env, parse, default, key=None):
+    """A setting read from the variable ``env`` with ``parse``; ``key`` is its Flask config key (default: the field's name in capitals)."""
+    return dataclasses.field(default=default, metadata={"env": env, "parse": parse, "key": key})
+
+
+def _cores():
+    return len(os.sched_getaffinity(0))
+
+
+@dataclasses.dataclass(frozen=True)
+class Settings:
+    """Every variable the server reads, typed; ``None`` where unset and optional."""
+
+    # The model and where predictions run.
+    model_name: str = _var("MODEL_NAME", _name, DEFAULT_MODEL_NAME)
+    model_base_path: str = _var("MODEL_BASE_PATH", _text, DEFAULT_MODEL_BASE_PATH)
+    model_dir: str = _var("MODEL_DIR", _text, None)  # None: MODEL_BASE_PATH/MODEL_NAME
+    backend: str = _var("SERVE_BACKEND", _choice(*BACKENDS), DEFAULT_BACKEND)
+    runtime: str = _var("SERVE_RUNTIME", _choice(*RUNTIMES), DEFAULT_RUNTIME)
+    runtime_threads: int = _var("SERVE_RUNTIME_THREADS", _integer(0, 1024), 0)
+    tfserving_rest_url: str = _var("TFSERVING_REST_URL", _url, None)
+    tfserving_grpc_target: str = _var("TFSERVING_GRPC_TARGET", _text, None)
+    tfserving_timeout_s: float = _var("TFSERVING_TIMEOUT_S", _number(None, 3600, above=0), DEFAULT_TIMEOUT_S)
+    tfserving_max_batch: int = _var("TFSERVING_MAX_BATCH", _integer(0, 65536), DEFAULT_TFSERVING_MAX_BATCH)
+    model_poll_s: float = _var("MODEL_POLL_S", _number(0, 86400), DEFAULT_MODEL_POLL_S)
+    # What one request may ask for.
+    max_batch: int = _var("SERVE_MAX_BATCH", _integer(1, 4096), DEFAULT_MAX_BATCH)
+    max_images: int = _var("SERVE_MAX_IMAGES", _integer(1, 65536), DEFAULT_MAX_IMAGES)
+    batch_wait_ms: float = _var("SERVE_BATCH_WAIT_MS", _number(0, 1000), DEFAULT_BATCH_WAIT_MS)
+    max_upload_mb: float = _var("SERVE_MAX_UPLOAD_MB", _number(None, 1024, above=0), DEFAULT_MAX_UPLOAD_MB)
+    max_pixels: int = _var("SERVE_MAX_PIXELS", _integer(1, 1 << 31), DEFAULT_MAX_PIXELS)
+    top_k: int = _var("SERVE_TOP_K", _integer(1, 1000), DEFAULT_TOP_K)
+    # serve.security: keys, rate limits, CORS, proxies (everything off unless set).
+    api_keys: str = _var("SERVE_API_KEYS", _text, "")
+    api_key_file: str = _var("SERVE_API_KEY_FILE", _text, None)
+    form_needs_key: bool = _var("SERVE_FORM_NEEDS_KEY", _boolean, True)
+    metrics_keys: str = _var("SERVE_METRICS_KEYS", _text, "")
+    metrics_key_file: str = _var("SERVE_METRICS_KEY_FILE", _text, None)
+    rate_limit: str = _var("SERVE_RATE_LIMIT", _rate_limit, "")
+    rate_limit_api: str = _var("SERVE_RATE_LIMIT_API", _rate_limit, "")
+    rate_limit_form: str = _var("SERVE_RATE_LIMIT_FORM", _rate_limit, "")
+    rate_limit_open: str = _var("SERVE_RATE_LIMIT_OPEN", _rate_limit, "")
+    rate_limit_store: str = _var("SERVE_RATE_LIMIT_STORE", _rate_limit_store, DEFAULT_RATE_LIMIT_STORE)
+    cors_origins: str = _var("SERVE_CORS_ORIGINS", _origins, "")
+    trusted_proxies: int = _var("SERVE_TRUSTED_PROXIES", _integer(0, 16), 0)
+    # gunicorn (serve/gunicorn_conf.py) and the worker processes.
+    host: str = _var("HOST", _text, "0.0.0.0")  # nosec B104  # the container's default; HOST narrows it
+    port: int = _var("PORT", _integer(1, 65535), 8000)
+    web_concurrency: int = _var("WEB_CONCURRENCY", _integer(1, 256), None)  # None: min(2, cores)
+    gunicorn_threads: int = _var("GUNICORN_THREADS", _integer(1, 1024), 16)
+    gunicorn_timeout: int = _var("GUNICORN_TIMEOUT", _integer(0, 86400), 120)
+    gunicorn_accesslog: str = _var("GUNICORN_ACCESSLOG", _text, None)
+    gunicorn_loglevel: str = _var("GUNICORN_LOGLEVEL", _choice(*LOG_LEVELS), "info")
+    malloc_arena_max: int = _var("MALLOC_ARENA_MAX", _integer(1, 1024), None)
+    prometheus_multiproc_dir: str = _var("PROMETHEUS_MULTIPROC_DIR", _text, None)
+
+    def __post_init__(self):
+        if self.model_dir is None:
+            object.__setattr__(self, "model_dir", os.path.join(self.model_base_path, self.model_name))
+        if self.web_concurrency is None:
+            object.__setattr__(self, "web_concurrency", min(2, _cores()))
+        for backend, field in (("tfserving-rest", "tfserving_rest_url"), ("tfserving-grpc", "tfserving_grpc_target")):
+            if self.backend == backend and not getattr(self, field):
+                raise SettingsError(f"SERVE_BACKEND={backend} needs {_env(field)}")
+
+    @classmethod
+    def variables(cls):
+        """The name of every environment variable a setting comes from."""
+        return tuple(f.metadata["env"] for f in dataclasses.fields(cls))
+
+    @classmethod
+    def from_env(cls, environ=None, overrides=None):
+        """The settings from ``environ`` (default ``os.environ``), then ``overrides`` by Flask config key.
+
+        An empty variable counts as unset. Raises :class:`SettingsError` naming the first bad value.
+        """
+        env = os.environ if environ is None else environ
+        overrides = dict(overrides or {})
+        if "MAX_UPLOAD_MB" not in overrides and "MAX_CONTENT_LENGTH" in overrides:  # Flask's own key, in bytes
+            overrides["MAX_UPLOAD_MB"] = overrides["MAX_CONTENT_LENGTH"] / 1048576
+        values = {}
+        for f in dataclasses.fields(cls):
+            name, key = f.metadata["env"], _key(f)
+            if key in overrides:
+                raw, source = overrides[key], key
+            else:
+                raw, source = env.get(name), name
+            if raw is None or raw == "":
+                continue
+            try:
+                values[f.name] = f.metadata["parse"](raw)
+            except ValueError as e:
+                raise SettingsError(f"{source}={raw!r}: {e}") from None
+        return cls(**values)
+
+    def flask_config(self):
+        """The Flask config keys the app and its modules read (``MAX_CONTENT_LENGTH`` in bytes)."""
+        config = {_key(f): getattr(self, f.name) for f in dataclasses.fields(self)}
+        config["MAX_CONTENT_LENGTH"] = int(self.max_upload_mb * 1024 * 1024)
+        config["SETTINGS"] = self
+        return config
+
+    def describe(self):
+        """``NAME=value`` lines for ``python -m serve --check``; keys are counted, never shown."""
+        lines = []
+        for f in dataclasses.fields(self):
+            value = getattr(self, f.name)
+            if f.name in ("api_keys", "metrics_keys"):
+                value = f"({len([k for k in value.split(',') if k.strip()])} keys)" if value else ""
+            lines.append(f"{f.metadata['env']}={'' if value is None else value}")
+        return "\n".join(lines)
+
+
+def _key(field):
+    return field.metadata["key"] or field.name.upper()
+
+
+def _env(name):
+    return next(f.metadata["env"] for f in dataclasses.fields(Settings) if f.name == name)
 
 
 def from_environ(environ=None):
     """Flask config keys from the environment variables (serve/README.md lists them)."""
-    env = os.environ if environ is None else environ
-    name = env.get("MODEL_NAME") or DEFAULT_MODEL_NAME
-    model_dir = env.get("MODEL_DIR") or os.path.join(env.get("MODEL_BASE_PATH") or DEFAULT_MODEL_BASE_PATH, name)
-    max_upload_mb = float(env.get("SERVE_MAX_UPLOAD_MB") or DEFAULT_MAX_UPLOAD_MB)
-    return {
-        "MODEL_NAME": name,
-        "MODEL_DIR": model_dir,
-        "BACKEND": env.get("SERVE_BACKEND") or DEFAULT_BACKEND,
-        "RUNTIME": env.get("SERVE_RUNTIME") or DEFAULT_RUNTIME,
-        "RUNTIME_THREADS": int(env.get("SERVE_RUNTIME_THREADS") or 0),
-        "TFSERVING_REST_URL": env.get("TFSERVING_REST_URL"),
-        "TFSERVING_GRPC_TARGET": env.get("TFSERVING_GRPC_TARGET"),
-        "TFSERVING_TIMEOUT_S": float(env.get("TFSERVING_TIMEOUT_S") or DEFAULT_TIMEOUT_S),
-        "TFSERVING_MAX_BATCH": int(env.get("TFSERVING_MAX_BATCH") or DEFAULT_TFSERVING_MAX_BATCH),
-        "MODEL_POLL_S": float(env.get("MODEL_POLL_S") or DEFAULT_MODEL_POLL_S),
-        "MAX_BATCH": int(env.get("SERVE_MAX_BATCH") or DEFAULT_MAX_BATCH),
-        "BATCH_WAIT_MS": float(env.get("SERVE_BATCH_WAIT_MS") or DEFAULT_BATCH_WAIT_MS),
-        "MAX_CONTENT_LENGTH": int(max_upload_mb * 1024 * 1024),
-        "MAX_PIXELS": int(env.get("SERVE_MAX_PIXELS") or DEFAULT_MAX_PIXELS),
-        "TOP_K": int(env.get("SERVE_TOP_K") or DEFAULT_TOP_K),
-        # serve.security: keys, rate limits, CORS, proxies (everything off unless set)
-        "API_KEYS": env.get("SERVE_API_KEYS") or "",
-        "API_KEY_FILE": env.get("SERVE_API_KEY_FILE") or None,
-        "FORM_NEEDS_KEY": (env.get("SERVE_FORM_NEEDS_KEY") or "1").strip().lower() not in FALSE_WORDS,
-        "METRICS_KEYS": env.get("SERVE_METRICS_KEYS") or "",
-        "METRICS_KEY_FILE": env.get("SERVE_METRICS_KEY_FILE") or None,
-        "RATE_LIMIT": env.get("SERVE_RATE_LIMIT") or "",
-        "RATE_LIMIT_API": env.get("SERVE_RATE_LIMIT_API") or "",
-        "RATE_LIMIT_FORM": env.get("SERVE_RATE_LIMIT_FORM") or "",
-        "RATE_LIMIT_STORE": env.get("SERVE_RATE_LIMIT_STORE") or DEFAULT_RATE_LIMIT_STORE,
-        "CORS_ORIGINS": env.get("SERVE_CORS_ORIGINS") or "",
-        "TRUSTED_PROXIES": int(env.get("SERVE_TRUSTED_PROXIES") or 0),
-    }
+    return Settings.from_env(environ).flask_config()

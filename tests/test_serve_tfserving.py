@@ -112,7 +112,11 @@ def test_down_gives_503_within_timeout_then_recovers(remote):
         response, _ = _post_or_hang(client, "/api/v1/predict", data=_files(images[:1]))
         assert response.status_code == 503
         assert "TF Serving" in response.get_json()["error"]
-        ready = client.get("/readyz")
+        # /readyz answers from a probe at most a second old (serve.health): poll until it has seen it.
+        deadline = time.monotonic() + 15
+        while (ready := client.get("/readyz")).status_code == 200:
+            assert time.monotonic() < deadline, "readiness never noticed that TF Serving went away"
+            time.sleep(0.2)
         assert ready.status_code == 503 and ready.get_json()["error"]
     finally:
         standin.start()

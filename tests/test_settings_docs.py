@@ -1,4 +1,5 @@
-"""The server's environment variables are listed once, in serve/README.md, and that list is complete."""
+"""The server's environment variables are read in one place (serve.settings) and listed once, in
+serve/README.md, and that list is complete."""
 
 import ast
 import re
@@ -6,8 +7,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 README = ROOT / "serve" / "README.md"
-#: The modules that read the server's environment: the Flask settings and gunicorn's configuration.
-READERS = ("serve/settings.py", "serve/gunicorn_conf.py")
+#: The one module that reads the server's environment.
+READER = "serve/settings.py"
 
 
 def variables_read(path):
@@ -37,9 +38,44 @@ def variables_listed(text=None):
     return names
 
 
+def _is_environ(node):
+    return isinstance(node, ast.Attribute) and node.attr == "environ" and isinstance(node.value, ast.Name) and node.value.id == "os"
+
+
+def environment_reads(path):
+    """Names read from ``os.environ`` (``.get``, ``[...]``, ``in``) or ``os.getenv`` in ``path``; writes are not reads."""
+    names = set()
+    for node in ast.walk(ast.parse((ROOT / path).read_text())):
+        key = None
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.args:
+            if (node.func.attr == "get" and _is_environ(node.func.value)) or (
+                node.func.attr == "getenv" and isinstance(node.func.value, ast.Name) and node.func.value.id == "os"
+            ):
+                key = node.args[0]
+        elif isinstance(node, ast.Subscript) and _is_environ(node.value) and isinstance(node.ctx, ast.Load):
+            key = node.slice
+        elif isinstance(node, ast.Compare) and any(_is_environ(c) for c in node.comparators):
+            key = node.left
+        if isinstance(key, ast.Constant) and isinstance(key.value, str):
+            names.add(key.value)
+    return names
+
+
+def test_only_the_settings_module_reads_the_environment():
+    readers = {
+        str(path.relative_to(ROOT)): environment_reads(path.relative_to(ROOT))
+        for path in (ROOT / "serve").rglob("*.py")
+        if str(path.relative_to(ROOT)) != READER
+    }
+    assert not {path: names for path, names in readers.items() if names}, "read these through serve.settings.Settings"
+    assert environment_reads(READER) == set(), "serve.settings reads through its table of fields, not by name"
+
+
 def test_every_variable_the_server_reads_is_listed_in_serve_readme():
-    read = set().union(*(variables_read(path) for path in READERS))
-    assert {"MODEL_NAME", "SERVE_BACKEND", "SERVE_API_KEYS", "WEB_CONCURRENCY"} <= read  # the scan finds them
+    from serve.settings import Settings
+
+    read = set(Settings.variables())
+    assert {"MODEL_NAME", "SERVE_BACKEND", "SERVE_API_KEYS", "WEB_CONCURRENCY"} <= read
     missing = read - variables_listed()
     assert not missing, f"serve/README.md's configuration tables lack {sorted(missing)}"
 
