@@ -46,6 +46,9 @@ SAMPLES_FILE = "samples.npz"
 #: LiteRT model in float32 (the name TF Serving loads with ``--prefer_tflite_model``), and
 #: the same quantized to int8. Export writes each only after it agreed with the SavedModel.
 LITERT_FILE = "model.tflite"
+#: The runtime a server uses unless told otherwise (serve.runtimes says why): export fails when
+#: it cannot publish that runtime's model, and only warns about the others.
+DEFAULT_SERVING_RUNTIME = "litert"
 LITERT_INT8_FILE = "model.int8.tflite"
 
 #: Inside a SavedModel version directory: a copy of the manifest, and TF Serving's

@@ -48,6 +48,7 @@ import tempfile
 from contract import (
     ASSETS_EXTRA,
     DEFAULT_MODEL_NAME,
+    DEFAULT_SERVING_RUNTIME,
     IMAGE_SIZE,
     MANIFEST_FILE,
     RESIZE_METHOD,
@@ -234,6 +235,21 @@ def exported_version(run_dir, model_dir, name):
     return None
 
 
+#: Exit status when the version was published but the default serving runtime's model was refused.
+EXIT_DEFAULT_RUNTIME_REFUSED = 3
+
+
+def default_runtime_refusal(version_dir):
+    """Why export refused the default serving runtime's model in ``version_dir``, or None when it published it."""
+    from contract import manifest as manifests
+
+    served = manifests.read(os.path.join(version_dir, ASSETS_EXTRA, MANIFEST_FILE))
+    report = ((served.export or {}).get("litert") or {}).get(DEFAULT_SERVING_RUNTIME) or {}
+    if report.get("published"):
+        return None
+    return report.get("reason") or "it was not made"
+
+
 def main(argv=None):
     args = build_parser().parse_args(argv)
     try:
@@ -242,9 +258,17 @@ def main(argv=None):
             if not args.quiet:
                 print(f"already exported as {existing}")
             return 0
-        run(run_dir=args.run, model_dir=args.model_dir, name=args.name, version=args.version,
-            verbose=0 if args.quiet else 1)
+        final = run(run_dir=args.run, model_dir=args.model_dir, name=args.name, version=args.version,
+                    verbose=0 if args.quiet else 1)
     except ExportError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
+    refused = default_runtime_refusal(final)
+    if refused:
+        # Published for the savedmodel runtime and TF Serving, but a server on its default would
+        # skip it: a script or a Job must stop here, not carry on serving older weights.
+        print(f"error: {final} is published without its {DEFAULT_SERVING_RUNTIME} model, which servers use by "
+              f"default ({refused}); serve it with SERVE_RUNTIME=savedmodel or TF Serving, or export again",
+              file=sys.stderr)
+        return EXIT_DEFAULT_RUNTIME_REFUSED
     return 0

@@ -6,7 +6,7 @@ import binascii
 from flask import Blueprint, current_app, jsonify, request
 
 from serve import bodies, classify, signatures, uploads
-from serve.errors import ServeError
+from serve.errors import ServeError, check_image_count
 
 bp = Blueprint("api", __name__, url_prefix="/api/v1")
 
@@ -17,12 +17,14 @@ def _uploads():
         fields, files = uploads.parse()
         if not files:
             raise ValueError('the multipart/form-data body has no file parts (send images in a field such as "file")')
+        check_image_count(len(files), current_app.config["MAX_IMAGES"])
         return [classify.Upload(filename or name, data) for name, filename, data in files], fields.get("top_k")
     if request.mimetype == "application/json" or (request.data[:1] in (b"{", b"[")):
         body = bodies.request_json()
         instances = body.get("instances") if isinstance(body, dict) else None
         if not isinstance(instances, list) or not instances:
             raise ValueError('JSON must be {"instances": [{"b64": "<base64 image>"}, ...]} with at least one instance')
+        check_image_count(len(instances), current_app.config["MAX_IMAGES"])
         images = []
         for instance in instances:
             encoded = instance.get("b64") if isinstance(instance, dict) else None
@@ -74,4 +76,5 @@ def model():
         signatures=signatures.summary(meta["signature_defs"]),
         backend=backend.kind,
         runtime=meta.get("runtime"),
+        skipped_versions=[{"version": v, "reason": why} for v, why in sorted((meta.get("skipped_versions") or {}).items())],
     )

@@ -1,7 +1,9 @@
 """Micro-batching: concurrent requests share one model call.
 
 One thread owns the model. It takes whatever requests are already queued, up to
-``max_batch`` images, and runs them together. When the server is idle a request is
+``max_batch`` images, and runs them together. No model call ever holds more than ``max_batch``
+images: a request larger than that is split into parts of at most ``max_batch``, queued one
+after another, and its answers are joined in order. When the server is idle a request is
 dispatched at once; only while the previous batch was bigger than the queue now holds
 (the server is busy and more requests are surely on their way) does it wait up to
 ``max_wait_s`` to fill the batch.
@@ -46,6 +48,8 @@ class Batcher:
 
     def submit(self, images):
         """Run ``images`` (uint8 ``[n, ...]``) in the next batch; block until its outputs are ready."""
+        if len(images) > self.max_batch:
+            return self._submit_parts(images)
         if self._queue.empty() and self._running.acquire(blocking=False):
             try:
                 if self._queue.empty():  # still idle now that the model is ours
@@ -60,6 +64,18 @@ class Batcher:
         if item.error is not None:
             raise item.error
         return item.result
+
+    def _submit_parts(self, images):
+        """Queue ``images`` as parts of at most ``max_batch``; their outputs joined in order."""
+        items = [_Item(images[start : start + self.max_batch]) for start in range(0, len(images), self.max_batch)]
+        for item in items:
+            self._queue.put(item)
+        for item in items:
+            item.done.wait()
+        errors = [item.error for item in items if item.error is not None]
+        if errors:
+            raise errors[0]
+        return {name: np.concatenate([item.result[name] for item in items]) for name in items[0].result}
 
     def close(self):
         self._queue.put(None)

@@ -11,3 +11,9 @@ class ServeError(Exception):
     def __init__(self, message, status=400):
         super().__init__(message)
         self.status = status
+
+
+def check_image_count(count, limit):
+    """A 413 naming ``limit`` when one request carries more than ``limit`` images (``SERVE_MAX_IMAGES``)."""
+    if count > limit:
+        raise ServeError(f"the request holds {count} images; this server takes at most {limit} per request (SERVE_MAX_IMAGES)", 413)

@@ -18,8 +18,9 @@ graph itself.
 Every runtime gives the same two things to :class:`serve.backends.LocalBackend`:
 ``pixels(images)`` (the ``serving_default`` signature, uint8 ``[N, 32, 32, 3]``; one call at a
 time: the backend's batcher serialises them) and ``call(signature_name, inputs, pixels)`` for
-every signature the SavedModel declares (``predict_images`` included), where ``pixels`` is the
-batched way back to the model. Signature definitions always come from ``N/saved_model.pb``,
+the signatures it runs, where ``pixels`` is the batched way back to the model. Encoded images
+never reach a runtime: the front end decodes every one with :mod:`serve.images` (the pixel cap,
+EXIF orientation, Pillow's resize) and hands over pixels, whichever route they came by. Signature definitions always come from ``N/saved_model.pb``,
 read through the vendored protos, so the metadata routes say the same on every runtime.
 """
 
@@ -30,16 +31,13 @@ import numpy as np
 from contract import (
     CHANNELS,
     IMAGE_SIZE,
-    INPUT_BYTES,
     INPUT_PIXELS,
     LITERT_FILE,
     LITERT_INT8_FILE,
     OUTPUT_PROBABILITIES,
-    SIGNATURE_BYTES,
     SIGNATURE_PIXELS,
 )
 from serve import published, settings, signatures
-from serve.errors import ServeError
 
 LITERT, LITERT_INT8, SAVEDMODEL = "litert", "litert-int8", "savedmodel"
 RUNTIMES = (LITERT, LITERT_INT8, SAVEDMODEL)
@@ -102,11 +100,14 @@ def load(runtime, version_dir, threads=None):
     outputs = model.pixels(np.zeros((1, IMAGE_SIZE, IMAGE_SIZE, CHANNELS), np.uint8))  # fail here, not on a request
     if np.asarray(outputs[OUTPUT_PROBABILITIES]).shape[0] != 1:
         raise ValueError(f"{path} returned the wrong batch size on a probe image")
+    # A batch of no images is answered with no rows, never by the runtime: XNNPACK refuses a
+    # batch of 0, and TensorFlow's answer to one depends on the CPU's kernels (oneDNN or not).
+    model.empty_outputs = {key: np.asarray(value)[:0].copy() for key, value in outputs.items()}
     return model
 
 
 class LiteRT:
-    """A ``.tflite`` model in LiteRT's interpreter (XNNPACK), with ``predict_images`` decoded by Pillow."""
+    """A ``.tflite`` model in LiteRT's interpreter (XNNPACK)."""
 
     def __init__(self, runtime, path, signature_defs, threads):
         from ai_edge_litert.interpreter import Interpreter
@@ -120,40 +121,15 @@ class LiteRT:
         if SIGNATURE_PIXELS not in available:
             raise ValueError(f"{path} has no {SIGNATURE_PIXELS!r} signature (it has {sorted(available)})")
         self._runner = self._interpreter.get_signature_runner(SIGNATURE_PIXELS)
-        # XNNPACK refuses a batch of 0, which TensorFlow answers with empty outputs: so does this.
-        self._empty = {
-            name: np.zeros([0, *detail["shape_signature"][1:]], object if detail["dtype"] is np.bytes_ else detail["dtype"])
-            for name, detail in self._runner.get_output_details().items()
-        }
 
     def pixels(self, images):
-        if not len(images):
-            return {name: value.copy() for name, value in self._empty.items()}
         # The runner resizes the input only when the batch size changed (about 10 us when it did).
         return self._runner(**{INPUT_PIXELS: np.ascontiguousarray(images, dtype=np.uint8)})
 
     def call(self, signature_name, inputs, pixels):
         if signature_name == SIGNATURE_PIXELS:
             return pixels(inputs[INPUT_PIXELS])
-        if signature_name == SIGNATURE_BYTES:
-            return pixels(_decode_all(inputs[INPUT_BYTES]))
         raise InputError(f"the {self.runtime} runtime does not run signature {signature_name!r}")
-
-
-def _decode_all(datas):
-    """``predict_images``' decoding for the LiteRT runtimes: every image, or a 400 naming the first bad one."""
-    from serve import images as imaging
-
-    datas = np.asarray(datas, dtype=object).reshape(-1)
-    pixels = []
-    for index, data in enumerate(datas.tolist()):
-        try:
-            pixels.append(imaging.decode(data)[0])
-        except ServeError as e:
-            raise InputError(f"{INPUT_BYTES}[{index}] {e}") from None
-    if not pixels:
-        return np.zeros((0, IMAGE_SIZE, IMAGE_SIZE, CHANNELS), np.uint8)
-    return np.stack(pixels)
 
 
 class SavedModel:

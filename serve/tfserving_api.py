@@ -3,6 +3,11 @@
 Predict takes the row (``instances``) or columnar (``inputs``) format, an optional
 ``signature_name`` and ``{"b64": ...}`` for string tensors; it answers ``predictions`` or
 ``outputs`` shaped as TF Serving shapes them. Status and metadata follow TF Serving too.
+
+``predict_images`` is answered by the front end's own decoder (:mod:`serve.images`: the pixel
+cap, EXIF orientation, Pillow's resize), then the model's ``serving_default``, on every runtime
+and backend: the same image gets the same class here as on ``/api/v1/predict``, and no user bytes
+reach a model or a TF Serving.
 """
 
 import base64
@@ -12,10 +17,11 @@ import numpy as np
 from flask import Blueprint, current_app, jsonify
 from werkzeug.routing import BaseConverter
 
-from contract import SIGNATURE_PIXELS
+from contract import CHANNELS, IMAGE_SIZE, INPUT_BYTES, INPUT_PIXELS, SIGNATURE_BYTES, SIGNATURE_PIXELS
 from serve import bodies, signatures
+from serve import images as imaging
 from serve.classify import float32_list
-from serve.errors import ServeError
+from serve.errors import ServeError, check_image_count
 
 bp = Blueprint("tfserving", __name__, url_prefix="/v1/models")
 
@@ -94,6 +100,8 @@ def predict(name, version=None):
     if row_format == ("inputs" in body):
         raise ServeError('send exactly one of "instances" (row format) or "inputs" (columnar format)')
     inputs = _parse_inputs(body["instances"] if row_format else body["inputs"], row_format, signature_def)
+    if signature_name == SIGNATURE_BYTES:
+        signature_name, inputs = SIGNATURE_PIXELS, {INPUT_PIXELS: _decode(inputs[INPUT_BYTES])}
     outputs = current_app.extensions["serve.backend"].run(signature_name, inputs, version)
     outputs = {key: _jsonable(key, np.asarray(value)) for key, value in outputs.items()}
     if row_format:
@@ -131,7 +139,23 @@ def _parse_inputs(value, row_format, signature_def):
         columns = {next(iter(specs)): value}
     else:
         raise ServeError(f"the signature takes several inputs {sorted(specs)}: give \"inputs\" as an object")
+    for key in specs:  # before any conversion: a 413 costs nothing
+        if isinstance(columns[key], list):
+            check_image_count(len(columns[key]), current_app.config["MAX_IMAGES"])
     return {key: _to_array(key, columns[key], specs[key][0]) for key in specs}
+
+
+def _decode(datas):
+    """uint8 pixels ``[N, 32, 32, 3]`` from ``predict_images``' encoded images; the first bad one fails the request."""
+    if datas.ndim != 1:
+        raise ServeError(f"input {INPUT_BYTES!r} must be a list of encoded images (shape [N]), got shape {list(datas.shape)}")
+    results = imaging.decode_many(datas.tolist(), current_app.config["MAX_PIXELS"])
+    for index, result in enumerate(results):
+        if isinstance(result, ServeError):
+            raise ServeError(f"{INPUT_BYTES}[{index}] {result}", result.status)
+    if not results:
+        return np.zeros((0, IMAGE_SIZE, IMAGE_SIZE, CHANNELS), np.uint8)
+    return np.stack([pixels for pixels, _ in results])
 
 
 def _to_array(key, value, dtype):

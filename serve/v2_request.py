@@ -11,7 +11,7 @@ from flask import current_app, request
 
 from contract import CHANNELS, IMAGE_SIZE, INPUT_BYTES, INPUT_PIXELS, OUTPUT_CLASS_IDS, OUTPUT_CLASS_NAMES, OUTPUT_PROBABILITIES
 from serve import images as imaging
-from serve.errors import ServeError
+from serve.errors import ServeError, check_image_count
 
 #: The binary tensor data extension's header: how many leading body bytes are the JSON.
 HEADER_LENGTH = "Inference-Header-Content-Length"
@@ -119,6 +119,7 @@ def _read_tensor(key, tensor, binary):
         raise ServeError(f"input {key!r} must have shape {want_shape}, got {shape}")
     if shape[0] == 0:
         raise ServeError(f"input {key!r} holds no images (shape {shape})")
+    check_image_count(shape[0], current_app.config["MAX_IMAGES"])
     parameters = _parameters(f"input {key!r}", tensor)
     count = int(np.prod(shape))
     if "binary_data_size" in parameters:

@@ -5,7 +5,7 @@ from flask import Blueprint, current_app, render_template
 from serve import classify
 from serve import images as imaging
 from serve import uploads as multipart_uploads
-from serve.errors import ServeError
+from serve.errors import ServeError, check_image_count
 
 bp = Blueprint("web", __name__)
 
@@ -31,6 +31,10 @@ def upload():
     uploads = [classify.Upload(filename, data) for _, filename, data in files if data or filename]
     if not uploads:
         return render_template("index.html", top_k=top_k, error="Choose one or more image files first."), 400
+    try:
+        check_image_count(len(uploads), current_app.config["MAX_IMAGES"])
+    except ServeError as e:
+        return render_template("index.html", top_k=top_k, error=f"Too many files: {e}."), e.status
     try:
         meta, slots = current_app.extensions["serve.classifier"].classify(uploads, top_k)
     except ServeError as e:

@@ -9,6 +9,7 @@ chunked bodies. At the end that server's access log holds no 5xx, its error log 
 its worker is the one it started with.
 """
 
+import base64
 import io
 import json
 import os
@@ -120,19 +121,53 @@ def test_json_over_the_upload_limit_is_413_on_every_json_route(app, client):
 @pytest.mark.parametrize(
     "path, body",
     [
-        ("/api/v1/predict", b'{"instances":[' + b",".join([b'{"b64":""}'] * 20_000) + b"]}"),
         ("/api/v1/predict", b"{" + b",".join(b'"k%d":1' % i for i in range(60_000)) + b"}"),
         ("/api/v1/predict", b'{"instances":[{"b64":"' + b"QUFB" * 200_000 + b'"}]}'),
         ("/api/v1/predict", b'{"instances":[' + b"9" * 5000 + b"]}"),
-        ("/v1/models/cifar10:predict", b'{"instances":[' + b",".join([b"0"] * 200_000) + b"]}"),
         ("/v1/models/cifar10:predict", b'{"instances":[[[[' + b"9" * 5000 + b"]]]]}"),
         ("/v1/models/cifar10:predict", b'{"instances":[[[[1e999,-1e999,NaN]]]]}'),
     ],
-    ids=["20k-empty-instances", "60k-keys", "800k-b64", "5000-digits", "200k-numbers", "5000-digit-pixel", "inf-nan"],
+    ids=["60k-keys", "800k-b64", "5000-digits", "5000-digit-pixel", "inf-nan"],
 )
 def test_huge_json_is_a_clear_400(client, path, body):
     assert len(body) < 1024 * 1024
     assert_json_error(client.post(path, data=body, content_type="application/json"), 400)
+
+
+def _v2_bytes(count, element='"AA=="'):
+    return (b'{"inputs":[{"name":"image_bytes","datatype":"BYTES","shape":[%d],"parameters":{"content_type":"base64"},"data":['
+            % count + b",".join([element.encode()] * count) + b"]}]}")
+
+
+MANY_IMAGES = {  # within the 1 MiB body limit, each more images than SERVE_MAX_IMAGES (256)
+    "api-20k-empty-instances": ("/api/v1/predict", b'{"instances":[' + b",".join([b'{"b64":""}'] * 20_000) + b"]}"),
+    "v1-200k-numbers": ("/v1/models/cifar10:predict", b'{"instances":[' + b",".join([b"0"] * 200_000) + b"]}"),
+    "v1-257-b64": ("/v1/models/cifar10:predict",
+                   b'{"signature_name":"predict_images","instances":[' + b",".join([b'{"b64":"AA=="}'] * 257) + b"]}"),
+    "v1-columnar-300": ("/v1/models/cifar10:predict",
+                        b'{"signature_name":"predict_images","inputs":{"image_bytes":[' + b",".join([b'{"b64":"AA=="}'] * 300) + b"]}}"),
+    "v2-257-bytes": ("/v2/models/cifar10/infer", _v2_bytes(257)),
+    "v2-shape-only": ("/v2/models/cifar10/infer",
+                      b'{"inputs":[{"name":"images","datatype":"UINT8","shape":[100000,32,32,3],"data":[0]}]}'),
+}
+
+
+@pytest.mark.parametrize("path, body", MANY_IMAGES.values(), ids=MANY_IMAGES)
+def test_more_images_than_the_cap_is_a_413_naming_it(client, path, body):
+    assert len(body) < 1024 * 1024
+    response = client.post(path, data=body, content_type="application/json")
+    assert_json_error(response, 413)
+    assert "at most 256 per request" in response.get_json()["error"]
+
+
+def test_more_files_than_the_cap_is_a_413_on_the_api_and_the_form(client, image):
+    files = [(f"{i}.png", encode(image, "PNG")) for i in range(257)]
+    response = client.post("/api/v1/predict", **synthetic.multipart(*files))
+    assert_json_error(response, 413)
+    assert "at most 256 per request" in response.get_json()["error"]
+    page = client.post("/", **synthetic.multipart(*files))
+    assert page.status_code == 413 and "at most 256 per request" in page.get_data(as_text=True)
+    assert client.post("/api/v1/predict", **synthetic.multipart(*files[:256])).status_code == 200  # the cap itself is fine
 
 
 # -- wrong types and mismatched content types ---------------------------------------------
@@ -166,6 +201,22 @@ WRONG_TYPES = [
     ("/v1/models/cifar10:predict", {"signature_name": "predict_images", "instances": [None]}),
     ("/v1/models/cifar10:predict", {"signature_name": "predict_images", "inputs": {"image_bytes": 5}}),
     ("/v1/models/cifar10:predict", {"signature_name": "__saved_model_init_op", "instances": [1]}),
+    ("/v1/models/cifar10:predict", {"instances": [[[[1.5, 2, 3]] * 32] * 32]}),
+    ("/v1/models/cifar10:predict", {"instances": [[[[256, 0, 0]] * 32] * 32]}),
+    ("/v1/models/cifar10:predict", {"instances": [[[[-1, 0, 0]] * 32] * 32]}),
+    ("/v1/models/cifar10:predict", {"instances": [[[[1, 2]] * 32] * 32]}),
+    ("/v1/models/cifar10:predict", {"instances": [[[[1, 2, 3]] * 31] * 32]}),
+    ("/v1/models/cifar10:predict", {"inputs": [[[1, 2, 3]] * 32] * 32}),
+    ("/v1/models/cifar10:predict", {"signature_name": "predict_images", "inputs": {"image_bytes": [[{"b64": "AA=="}]]}}),
+    ("/v2/models/cifar10/infer", {"inputs": [{"name": "images", "datatype": "FP32", "shape": [1, 32, 32, 3], "data": [0.5] * 3072}]}),
+    ("/v2/models/cifar10/infer", {"inputs": [{"name": "images", "datatype": "UINT8", "shape": [1, 32, 32], "data": [0] * 1024}]}),
+    ("/v2/models/cifar10/infer", {"inputs": [{"name": "images", "datatype": "UINT8", "shape": [1, 32, 32, 3], "data": [0] * 3071}]}),
+    ("/v2/models/cifar10/infer", {"inputs": [{"name": "images", "datatype": "UINT8", "shape": [1, 32, 32, 3], "data": [300] * 3072}]}),
+    ("/v2/models/cifar10/infer", {"inputs": [{"name": "images", "datatype": "UINT8", "shape": [-1, 32, 32, 3], "data": [0] * 3072}]}),
+    ("/v2/models/cifar10/infer", {"inputs": [{"name": "image_bytes", "datatype": "BYTES", "shape": [1, 1], "data": ["AA=="]}]}),
+    ("/v2/models/cifar10/infer", {"inputs": [{"name": "image_bytes", "datatype": "UINT8", "shape": [1], "data": [0]}]}),
+    ("/v2/models/cifar10/infer", {"inputs": [{"name": "tensor", "datatype": "UINT8", "shape": [1], "data": [0]}]}),
+    ("/v2/models/cifar10/infer", {"inputs": {"name": "images"}}),
 ]
 
 
@@ -328,6 +379,28 @@ def test_decompression_bombs_are_413(client, image, fmt):
     response = client.post("/api/v1/predict", **synthetic.multipart(("bomb.img", bomb(fmt, image))))
     assert_json_error(response, 413)
     assert "bomb.img" in response.get_json()["error"] and "too many pixels" in response.get_json()["error"]
+
+
+def _bomb_requests(data):
+    """The same encoded bytes as each route takes them: ``{route: (path, JSON body)}``."""
+    b64 = base64.b64encode(data).decode()
+    return {
+        "api-json": ("/api/v1/predict", {"instances": [{"b64": b64}]}),
+        "v1-rows": ("/v1/models/cifar10:predict", {"signature_name": "predict_images", "instances": [{"b64": b64}]}),
+        "v1-columns": ("/v1/models/cifar10:predict", {"signature_name": "predict_images", "inputs": {"image_bytes": [{"b64": b64}]}}),
+        "v2-bytes": ("/v2/models/cifar10/infer", {"inputs": [{"name": "image_bytes", "datatype": "BYTES", "shape": [1],
+                                                            "parameters": {"content_type": "base64"}, "data": [b64]}]}),
+    }
+
+
+@pytest.mark.parametrize("route", ["api-json", "v1-rows", "v1-columns", "v2-bytes"])
+@pytest.mark.parametrize("fmt", ["PNG", "JPEG", "PNG-over-limit"])
+def test_decompression_bombs_are_413_on_every_route(client, image, fmt, route):
+    """The pixel cap holds wherever encoded bytes come in: the one decoder, before any model or TF Serving."""
+    path, body = _bomb_requests(bomb(fmt, image))[route]
+    response = client.post(path, json=body)
+    assert_json_error(response, 413)
+    assert "too many pixels" in response.get_json()["error"]
 
 
 def test_a_compressed_text_bomb_is_400(client, image):

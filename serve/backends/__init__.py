@@ -33,7 +33,7 @@ REMOTE = {
 }
 
 
-def from_config(config, on_batch=None, on_load=None):
+def from_config(config, on_batch=None, on_load=None, on_skip=None):
     """The backend ``config["BACKEND"]`` names, built from the app's configuration."""
     kind = config["BACKEND"]
     if kind == "local":
@@ -42,7 +42,7 @@ def from_config(config, on_batch=None, on_load=None):
             poll_s=config.get("MODEL_POLL_S", settings.DEFAULT_MODEL_POLL_S),
             runtime=config.get("RUNTIME") or runtimes.DEFAULT_RUNTIME,
             threads=config.get("RUNTIME_THREADS") or None,
-            on_load=on_load,
+            on_load=on_load, on_skip=on_skip,
         )
     if kind in REMOTE:
         backend_class, address = REMOTE[kind]

@@ -18,19 +18,24 @@ RETIRE_AFTER_S = 30.0  # how long a replaced version keeps answering requests al
 class LocalBackend:
     """The highest version under ``model_dir`` in one of :mod:`serve.runtimes`, batched by a :class:`serve.batcher.Batcher`.
 
-    ``on_load(runtime, version)`` is called each time a version starts answering.
+    ``on_load(runtime, version)`` is called each time a version starts answering, and
+    ``on_skip(runtime, version, reason)`` each time a version newer than the one served is passed
+    over (no model file for this runtime, export refused it, or it failed to load); the skipped
+    versions and why are in :attr:`skipped_versions` for ``/readyz`` and ``/api/v1/model``.
     """
 
     kind = "local"
 
     def __init__(self, model_dir, name, max_batch=32, batch_wait_ms=2.0, on_batch=None, poll_s=30.0,
-                 runtime=runtimes.DEFAULT_RUNTIME, threads=None, on_load=None):
+                 runtime=runtimes.DEFAULT_RUNTIME, threads=None, on_load=None, on_skip=None):
         self.model_dir = str(model_dir)
         self.name = name
         self.runtime = runtimes.check(runtime)
         self._threads = threads or None  # None: runtimes.default_threads()
         self._on_load = on_load
-        self._skipped = set()  # newer versions without this runtime's model, already logged
+        self._on_skip = on_skip
+        #: Versions newer than the served one that were passed over: ``{version: reason}``.
+        self.skipped_versions = {}
         # Like TF Serving's file-system poll: a new version N+1/ replaces the served one.
         self._poll_s = float(poll_s)
         self._polled_at = time.monotonic()
@@ -90,19 +95,31 @@ class LocalBackend:
             return
         self._polled_at = now
         available = runtimes.versions(self.model_dir, self.runtime)
-        newest = published.versions(self.model_dir)
-        if newest and newest[-1] > self._state["version"] and newest[-1] not in available and newest[-1] not in self._skipped:
-            self._skipped.add(newest[-1])
-            reason = runtimes.missing_reason(os.path.join(self.model_dir, str(newest[-1])), self.runtime)
-            logging.getLogger(__name__).warning("not switching to version %s: %s", newest[-1], reason)
-        if available and available[-1] > self._state["version"] and self._swapping.acquire(blocking=False):
+        self._note_skipped(self._state["version"], available)
+        if available and available[-1] > self._state["version"] and available[-1] not in self.skipped_versions \
+                and self._swapping.acquire(blocking=False):
             threading.Thread(target=self._swap, args=(available[-1],), name="model-swap", daemon=True).start()
+
+    def _note_skipped(self, served, available):
+        """Log, record and count each published version newer than ``served`` that this runtime cannot serve."""
+        for version in published.versions(self.model_dir):
+            if version > served and version not in available and version not in self.skipped_versions:
+                self._skip(version, runtimes.missing_reason(os.path.join(self.model_dir, str(version)), self.runtime))
+
+    def _skip(self, version, reason):
+        self.skipped_versions[version] = reason
+        logging.getLogger(__name__).warning("skipping version %s: %s", version, reason)
+        if self._on_skip is not None:
+            try:
+                self._on_skip(self.runtime, version, reason)
+            except Exception:  # metrics must never stop a model from serving
+                logging.getLogger(__name__).exception("on_skip hook failed")
 
     def _swap(self, version):
         try:
             new_state = self._load_unlocked(version)
-        except Exception as e:  # keep serving the version we have; try again at the next poll
-            logging.getLogger(__name__).warning("not switching to version %s: %s", version, e)
+        except Exception as e:  # keep serving the version we have; not tried again until the server restarts
+            self._skip(version, f"failed to load: {type(e).__name__}: {e}")
             return
         finally:
             self._swapping.release()
@@ -121,7 +138,9 @@ class LocalBackend:
             if saved:  # versions there are, but none this runtime can serve: say why
                 raise ServeError(runtimes.missing_reason(os.path.join(self.model_dir, str(saved[-1])), self.runtime), 503)
             raise ServeError(f"no model versions (directories N/ with a saved_model.pb) under {self.model_dir}", 503)
-        version = version or available[-1]
+        if version is None:
+            version = available[-1]
+            self._note_skipped(version, available)
         path = os.path.join(self.model_dir, str(version))
         model = runtimes.load(self.runtime, path, self._threads)
         architecture, class_names = model_facts(published.manifest(path))
@@ -150,6 +169,8 @@ class LocalBackend:
     # -- the interface -----------------------------------------------------------------
     def predict(self, images):
         state = self._load()
+        if not len(images):
+            return {key: value.copy() for key, value in state["model"].empty_outputs.items()}
         try:
             return state["batcher"].submit(images)
         except Exception as e:
@@ -186,6 +207,7 @@ class LocalBackend:
             "class_names": state["class_names"],
             "signature_defs": state["signature_defs"],
             "runtime": self.runtime,
+            "skipped_versions": dict(self.skipped_versions),
         }
 
     def close(self):

@@ -1,0 +1,131 @@
+"""One decoder: an encoded image gets the same answer on every route, runtime and backend.
+
+Every encoded image that reaches the server is decoded by ``serve/images.py`` (EXIF orientation,
+Pillow's BILINEAR resize, the pixel cap); runtimes and TF Serving receive pixels. The images here
+are the ones where two decoders part ways: a JPEG whose EXIF block turns it, and a 640x480 PNG.
+"""
+
+import base64
+import io
+import re
+
+import numpy as np
+import pytest
+from PIL import Image
+
+import contract
+import synthetic
+from tfserving_standin import tfserving  # noqa: F401  (imported for its fixture)
+
+RUNTIMES = ("litert", "litert-int8", "savedmodel")
+REMOTE = ("tfserving-rest", "tfserving-grpc")
+
+
+def _rotated_jpeg():
+    """A 48x32 photo-like JPEG with EXIF orientation 6: upright it is 32x48, turned a quarter."""
+    rng = np.random.default_rng(11)
+    base = np.zeros((32, 48, 3), np.uint8)
+    base[:, :24] = (220, 40, 40)  # left half red, right half a noisy blue: the turn moves them
+    base[:, 24:] = np.clip(rng.normal((30, 60, 200), 25, (32, 24, 3)), 0, 255)
+    exif = Image.Exif()
+    exif[0x0112] = 6
+    out = io.BytesIO()
+    Image.fromarray(base).save(out, "JPEG", quality=95, exif=exif.tobytes())
+    return out.getvalue()
+
+
+def _large_png():
+    """640x480 with detail a resize must filter."""
+    y, x = np.mgrid[0:480, 0:640]
+    stripes = ((x // 3 + y // 5) % 2 * 200).astype(np.uint8)
+    picture = np.stack([stripes, np.roll(stripes, 7, axis=1), (x * 255 // 640).astype(np.uint8)], axis=-1)
+    return synthetic.encode(picture, "PNG")
+
+
+IMAGES = {"rotated-jpeg": _rotated_jpeg(), "640x480-png": _large_png()}
+
+
+def test_the_images_are_ones_where_decoders_differ():
+    """Without EXIF the JPEG's pixels would not be the server's, and the PNG must be resized: the test below means something."""
+    from serve import images
+
+    turned, _ = images.decode(IMAGES["rotated-jpeg"])
+    plain = np.asarray(Image.open(io.BytesIO(IMAGES["rotated-jpeg"])).convert("RGB").resize((32, 32), Image.BILINEAR))
+    assert np.abs(turned.astype(int) - plain.astype(int)).mean() > 20
+    assert Image.open(io.BytesIO(IMAGES["640x480-png"])).size == (640, 480)
+
+
+def _answers(client, data):
+    """``{route: probabilities}`` for ``data`` sent by every route that takes encoded images."""
+    b64 = base64.b64encode(data).decode()
+    answers = {}
+    multipart = client.post("/api/v1/predict?top_k=10", **synthetic.multipart(("x.img", data)))
+    answers["api-multipart"] = _from_top_k(multipart.get_json()["predictions"][0])
+    as_json = client.post("/api/v1/predict?top_k=10", json={"instances": [{"b64": b64}]})
+    answers["api-json"] = _from_top_k(as_json.get_json()["predictions"][0])
+    rows = client.post("/v1/models/cifar10:predict", json={"signature_name": contract.SIGNATURE_BYTES, "instances": [{"b64": b64}]})
+    answers["v1-rows"] = np.array(rows.get_json()["predictions"][0]["probabilities"])
+    columns = client.post("/v1/models/cifar10:predict", json={"signature_name": contract.SIGNATURE_BYTES, "inputs": {"image_bytes": [{"b64": b64}]}})
+    answers["v1-columns"] = np.array(columns.get_json()["outputs"]["probabilities"][0])
+    v2 = client.post("/v2/models/cifar10/infer", json={"inputs": [{
+        "name": "image_bytes", "datatype": "BYTES", "shape": [1], "parameters": {"content_type": "base64"}, "data": [b64]}],
+        "outputs": [{"name": "probabilities"}]})
+    answers["v2"] = np.array(v2.get_json()["outputs"][0]["data"])
+    page = client.post("/", data={"top_k": "1", "file": (io.BytesIO(data), "x.img")}, content_type="multipart/form-data")
+    answers["form-label"] = re.search(r'data-testid="label">([^<]+)<', page.get_data(as_text=True)).group(1).strip()
+    return answers
+
+
+def _from_top_k(prediction):
+    probabilities = np.zeros(len(prediction["top_k"]))
+    for entry in prediction["top_k"]:
+        probabilities[entry["class_id"]] = entry["probability"]
+    return probabilities
+
+
+def _check_routes_agree(answers, class_names):
+    reference = answers["api-multipart"]
+    for route, probabilities in answers.items():
+        if route == "form-label":
+            assert probabilities == class_names[int(np.argmax(reference))], route
+        else:
+            np.testing.assert_allclose(probabilities, reference, atol=1e-6, err_msg=route)
+    return reference
+
+
+@pytest.fixture(scope="module")
+def class_names(trained_run):
+    from contract import MANIFEST_FILE, manifest
+
+    return list(manifest.read(trained_run / MANIFEST_FILE).class_names)
+
+
+@pytest.fixture(scope="module", params=RUNTIMES + REMOTE)
+def served(request, model_base, tfserving):  # noqa: F811
+    from serve import create_app
+
+    config = {"TESTING": True, "MODEL_DIR": str(model_base), "MODEL_NAME": "cifar10"}
+    if request.param in RUNTIMES:
+        config["RUNTIME"] = request.param
+    else:
+        config.update(BACKEND=request.param, TFSERVING_REST_URL=tfserving.rest_url, TFSERVING_GRPC_TARGET=tfserving.grpc_target)
+    app = create_app(config)
+    if request.param in RUNTIMES:
+        app.extensions["serve.backend"].wait_loaded()
+    yield request.param, app.test_client()
+    app.extensions["serve.backend"].close()
+
+
+_seen = {}
+
+
+@pytest.mark.parametrize("name", IMAGES)
+def test_every_route_gives_the_same_answer(served, name, class_names):
+    where, client = served
+    reference = _check_routes_agree(_answers(client, IMAGES[name]), class_names)
+    _seen[(where, name)] = reference
+    # The float runtimes and TF Serving (which runs the SavedModel) agree with one another too.
+    others = [_seen[(w, name)] for w in ("litert", "savedmodel", *REMOTE) if (w, name) in _seen and w != where]
+    if where != "litert-int8":
+        for other in others:
+            np.testing.assert_allclose(reference, other, atol=1e-4)
