@@ -60,6 +60,15 @@ def build_parser():
     )
     common.add_argument("--timeout", type=_positive_float, default=DEFAULT_TIMEOUT_S, help="seconds to wait for each request")
     common.add_argument(
+        "--retries", type=_non_negative_int, default=transports.DEFAULT_RETRIES,
+        help="times to send a request again when the server answers 429 or 503, after the wait its Retry-After "
+        "asks for (HTTP; default %(default)s); then the client stops with one line and exit 1 (429) or 3 (503)",
+    )
+    common.add_argument(
+        "--max-wait", type=_positive_float, default=transports.DEFAULT_MAX_WAIT_S,
+        help="longest wait before sending again, in seconds, whatever Retry-After asks (default %(default)g)",
+    )
+    common.add_argument(
         "--via",
         choices=sorted(DEFAULT_URLS),
         default="api",
@@ -101,6 +110,13 @@ def _positive_int(text):
     return value
 
 
+def _non_negative_int(text):
+    value = int(text)
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be at least 0, got {text}")
+    return value
+
+
 def _positive_float(text):
     value = float(text)
     if value <= 0:
@@ -108,14 +124,15 @@ def _positive_float(text):
     return value
 
 
-def make_transport(via, url, model, timeout):
+def make_transport(via, url, model, timeout, retries=transports.DEFAULT_RETRIES, max_wait=transports.DEFAULT_MAX_WAIT_S):
     url = url or DEFAULT_URLS[via]
+    retry = {"retries": retries, "max_wait_s": max_wait}
     if via == "api":
-        return transports.ApiTransport(url, timeout)
+        return transports.ApiTransport(url, timeout, **retry)
     if via == "tfserving-rest":
-        return transports.TFServingRestTransport(url, model, timeout)
+        return transports.TFServingRestTransport(url, model, timeout, **retry)
     if via == "v2":
-        return transports.V2Transport(url, model, timeout)
+        return transports.V2Transport(url, model, timeout, **retry)
     target = url.split("://", 1)[-1].rstrip("/")  # gRPC wants host:port
     return transports.TFServingGrpcTransport(target, model, timeout)
 
@@ -187,12 +204,16 @@ def classify(transport, files, batch_size, top_k, progress):
         try:
             results = transport.predict(batch, top_k)
         except transports.RequestFailed as error:
-            if error.status == 401:  # no key or a wrong one: every other request would fail the same way
+            if error.status not in (400, "INVALID_ARGUMENT"):
+                # 401: no key or a wrong one; 429: over the limit after every retry; 413, 5xx: the
+                # server refuses the request as such. Every other request would fail the same way,
+                # and sending the images one by one would only multiply the load.
                 raise
             if len(batch) == 1:
                 results = [{"error": str(error), "status": error.status}]
             else:
-                # TF Serving refuses a whole batch for one bad image: ask again one by one to name it.
+                # A 400 (gRPC: INVALID_ARGUMENT): TF Serving refuses a whole batch for one bad image;
+                # ask again one by one to name it.
                 results = []
                 for item in batch:
                     try:
@@ -288,7 +309,9 @@ def main(argv=None):
     except SystemExit as exit:  # argparse has printed its one-line usage error
         return exit.code if isinstance(exit.code, int) else EXIT_USAGE
     try:
-        transport = transports.authorize(make_transport(args.via, args.url, args.model, args.timeout), args.api_key)
+        transport = transports.authorize(
+            make_transport(args.via, args.url, args.model, args.timeout, args.retries, args.max_wait), args.api_key
+        )
         return COMMANDS[args.command](args, transport)
     except UsageError as error:
         print(f"client: {error}", file=sys.stderr)
@@ -300,6 +323,9 @@ def main(argv=None):
         if error.status == 401:
             print(f"client: {error} (HTTP 401): give the key with ${API_KEY_ENV} or --api-key", file=sys.stderr)
             return EXIT_USAGE
+        if error.status == 429:
+            print(f"client: {error} (HTTP 429, still refused after {args.retries} retries)", file=sys.stderr)
+            return EXIT_FAILED
         print(f"client: {error}", file=sys.stderr)
         return EXIT_FAILED
     except OSError as error:

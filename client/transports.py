@@ -20,6 +20,11 @@ import contract
 
 #: TF Serving reports the top class's name; the others are known only by id.
 UNKNOWN_LABEL = None
+#: Statuses that mean "not now": the request is sent again after the server's Retry-After.
+RETRY_STATUSES = (429, 503)
+DEFAULT_RETRIES = 3
+#: The longest Retry-After a client waits out; a server asking for longer is waited on for this long.
+DEFAULT_MAX_WAIT_S = 30.0
 
 
 class Unreachable(Exception):
@@ -51,15 +56,30 @@ def top_k_from_probabilities(probabilities, k, names):
 
 
 class _HttpTransport:
-    """What the HTTP transports share: one requests session, and unreachable or not-ready as :class:`Unreachable`."""
+    """What the HTTP transports share: one requests session, and unreachable or not-ready as :class:`Unreachable`.
 
-    def __init__(self, url, timeout):
+    A 429 or 503 is sent again, the same request whole, after the server's ``Retry-After`` (at
+    most ``max_wait_s`` a time; without the header, 0.5, 1, 2 s...), up to ``retries`` times
+    (urllib3's ``Retry``); the last refusal is then the answer.
+    """
+
+    def __init__(self, url, timeout, retries=DEFAULT_RETRIES, max_wait_s=DEFAULT_MAX_WAIT_S):
         import requests
+        from requests.adapters import HTTPAdapter
+        from urllib3.util import Retry
 
         self._requests = requests
         self.url = url.rstrip("/")
         self.timeout = timeout
         self.session = requests.Session()
+        retry = Retry(
+            total=retries, connect=0, read=0, redirect=0, other=0, status=retries,
+            status_forcelist=RETRY_STATUSES, allowed_methods=None,  # POST too: a refused request was not run
+            respect_retry_after_header=True, retry_after_max=int(max_wait_s), backoff_factor=0.5,
+            backoff_max=max_wait_s, raise_on_status=False,
+        )
+        for prefix in ("http://", "https://"):
+            self.session.mount(prefix, HTTPAdapter(max_retries=retry))
 
     def _send(self, method, url, **kwargs):
         try:
@@ -131,8 +151,8 @@ def _reason(body, response):
 class TFServingRestTransport(_HttpTransport):
     """TF Serving's REST API: encoded images as ``{"b64": ...}`` to the ``predict_images`` signature."""
 
-    def __init__(self, url, model, timeout):
-        super().__init__(url, timeout)
+    def __init__(self, url, model, timeout, **retry):
+        super().__init__(url, timeout, **retry)
         self.model = model
         self.names = {}  # class id -> name, learned from the answers (TF Serving names only the top class)
 
@@ -291,8 +311,8 @@ class V2Transport(_HttpTransport):
     """The Open Inference Protocol over HTTP: the files' bytes as a BYTES tensor in the binary tensor data
     extension, the top k through the classification extension (``"<probability>:<class id>[:<label>]"``)."""
 
-    def __init__(self, url, model, timeout):
-        super().__init__(url, timeout)
+    def __init__(self, url, model, timeout, **retry):
+        super().__init__(url, timeout, **retry)
         self.model = model
 
     def _call(self, method, path, **kwargs):
