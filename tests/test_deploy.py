@@ -467,8 +467,16 @@ def test_tfserving_exposes_prometheus_metrics(compose_config):
     config = parse_text_proto(path, "MonitoringConfig")
     assert config.prometheus_config.enable
     assert config.prometheus_config.path == "/monitoring/prometheus/metrics"
-    published = {int(port["target"]) for port in tfserving["ports"]}
-    assert published == {8500, 8501}
+    assert {int(port) for port in tfserving["expose"]} == {8500, 8501}
+
+
+def test_tfserving_is_reached_only_from_the_internal_network(compose_config):
+    """TF Serving has no keys and no limits: no host port, and a network with no way out."""
+    tfserving = compose_config["services"]["tfserving"]
+    assert not tfserving.get("ports"), "TF Serving's ports would bypass the front end's keys and limits"
+    assert set(tfserving["networks"]) == {"backend"}
+    assert compose_config["networks"]["backend"]["internal"] is True
+    assert "backend" in compose_config["services"]["serve"]["networks"]
 
 
 def test_tfserving_serves_the_models_dir(compose_config):
@@ -484,7 +492,7 @@ def test_front_end_talks_grpc_to_tfserving_once_it_is_healthy(compose_config):
     assert serve["environment"]["SERVE_BACKEND"] == "tfserving-grpc"
     host, _, port = serve["environment"]["TFSERVING_GRPC_TARGET"].partition(":")
     assert host == "tfserving" and host in services
-    assert int(port) in {int(p["target"]) for p in services["tfserving"]["ports"]}
+    assert int(port) in {int(p) for p in services["tfserving"]["expose"]}
     assert serve["depends_on"]["tfserving"]["condition"] == "service_healthy"
     assert "healthcheck" in services["tfserving"]
     assert 8000 in {int(p["target"]) for p in serve["ports"]}
