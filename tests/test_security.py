@@ -20,6 +20,7 @@ import subprocess
 import sys
 import time
 
+import numpy as np
 import pytest
 import requests
 from prometheus_client.parser import text_string_to_metric_families
@@ -380,6 +381,22 @@ def test_limit_is_one_budget_per_client_for_every_api_route(secured):
     assert_security_headers(refused)
     assert call(f"{secured}/api/v1/model", key=fresh_key()).status_code == 200  # another client: its own count
     assert call(f"{secured}/", key=key, how="basic").status_code == 200  # the form: its own budget
+
+
+def test_the_image_cap_holds_through_gunicorn_on_every_route(secured):
+    key = fresh_key()
+    pixels = np.zeros((257, 32, 32, 3), np.uint8)
+    b64 = [{"b64": base64.b64encode(png()).decode()}] * 257
+    for path, body in [
+        ("/api/v1/predict", {"instances": b64}),
+        ("/v1/models/cifar10:predict", {"instances": pixels.tolist()}),
+        ("/v2/models/cifar10/infer", {"inputs": [{"name": "images", "datatype": "UINT8", "shape": list(pixels.shape),
+                                                  "data": pixels.ravel().tolist()}]}),
+    ]:
+        refused = call(f"{secured}{path}", "POST", key=key, json=body)
+        assert refused.status_code == 413, (path, refused.text[:200])
+        assert "at most 256 per request" in refused.json()["error"]
+        key = fresh_key()  # each route with a budget of its own client, so the limit is not what answers
 
 
 def test_a_limit_recovers_when_its_window_has_passed(monkeypatch):
