@@ -172,8 +172,10 @@ say "image built: $((size / 1000000)) MB"
 port=$("$PYTHON" -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
 say "running it (runc, nofile=$nofile, nproc=$nproc, 127.0.0.1:$port -> 8000, /models read-only)"
 # No systemd here to run the HEALTHCHECK on a timer: the check below runs it itself.
+# (podman still says on stderr that it cannot reach systemd for the timer: kept in engine.log.)
 podman run -d --name "$NAME" "${limits[@]}" --health-interval=disable \
-    -p "127.0.0.1:$port:8000" -v "$WORK/models:/models:ro" "$IMAGE" >/dev/null
+    -p "127.0.0.1:$port:8000" -v "$WORK/models:/models:ro" "$IMAGE" >/dev/null 2>"$WORK/engine.log" \
+    || { cat "$WORK/engine.log" >&2; fail "podman run failed"; }
 
 # --- 6. check it ----------------------------------------------------------------------------------
 "$PYTHON" - "$port" "$WORK/probe.png" "$WORK/expected.json" <<'PY' || fail "HTTP checks"
@@ -221,7 +223,7 @@ PY
 podman healthcheck run "$NAME" >/dev/null || fail "the image's HEALTHCHECK reports unhealthy"
 say "HEALTHCHECK healthy"
 
-podman stop -t 30 "$NAME" >/dev/null
+podman stop -t 30 "$NAME" >/dev/null 2>>"$WORK/engine.log" || { cat "$WORK/engine.log" >&2; fail "podman stop failed"; }
 code=$(podman inspect --format '{{.State.ExitCode}}' "$NAME")
 log=$(podman logs "$NAME" 2>&1)
 [ "$code" = 0 ] || fail "the server exited with $code on SIGTERM"
