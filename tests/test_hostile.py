@@ -561,11 +561,14 @@ def test_slow_clients_do_not_hold_up_others(hostile_server, image):
     body, content_type = _encoded_upload(image)
     slow_request = _request("POST", "/api/v1/predict", [f"Content-Type: {content_type}".encode(), b"Content-Length: %d" % len(body)], body)
     served, statuses = threading.Event(), []
+    underway = [threading.Event() for _ in range(LIVE_THREADS - 2)]  # one per slow client
 
-    def dribble():
+    def dribble(underway):
         with socket.create_connection(("127.0.0.1", port), timeout=120) as sock:
             sent = 0
             while sent < len(slow_request) - 1:
+                if sent >= 20:
+                    underway.set()  # connected, and part-way through its request
                 step = 1 if not served.is_set() else len(slow_request)
                 sock.sendall(slow_request[sent : min(sent + step, len(slow_request) - 1)])
                 sent = min(sent + step, len(slow_request) - 1)
@@ -574,11 +577,12 @@ def test_slow_clients_do_not_hold_up_others(hostile_server, image):
             sock.sendall(slow_request[-1:])
             statuses.append(int(sock.recv(4096).split(b" ", 2)[1]))
 
-    slow = [threading.Thread(target=dribble) for _ in range(LIVE_THREADS - 2)]
+    slow = [threading.Thread(target=dribble, args=(event,)) for event in underway]
     for thread in slow:
         thread.start()
     try:
-        time.sleep(0.5)  # every slow client has its connection and is part-way through
+        for event in underway:
+            assert event.wait(60), "a slow client never got its connection"
         for _ in range(5):
             response = requests.post(f"{url}/api/v1/predict", files={"file": ("a.png", encode(image, "PNG"))}, timeout=60)
             assert response.status_code == 200
