@@ -12,10 +12,14 @@ a good image beside a bad one, a 5,000-character file name) and bad input (text,
 TIFF, a decompression bomb, bad base64, JSON 100,000 levels deep, malformed multipart, a body
 over the upload limit). Every answer is checked against what that request must get.
 
+With ``--api-key`` every request carries that key, and the server is meant to run with keys and
+rate limits on (``--serve-env SERVE_API_KEYS=... --serve-env SERVE_RATE_LIMIT_API=...``): then a
+429 is an expected answer to any request, and a good image it refused counts as refused, not lost.
+
 Pass/fail, as the issue asks:
 
 * no 5xx (and no request left without an answer: timeouts and dropped connections count);
-* every good image answered: each good image's slot holds a label;
+* every good image answered (each good image's slot holds a label), or refused with a 429;
 * resident memory of the server (gunicorn master and workers, from /proc) grows at most 10%
   from the mean of the first 10 s to the mean of the last 10 s of the timed run.
 
@@ -103,7 +107,7 @@ class Case:
         self.name, self.weight, self.send, self.status, self.good, self.check = name, weight, send, status, good, check
 
 
-def make_cases(jpegs, upload_limit_mb):
+def make_cases(jpegs, upload_limit_mb, max_images=256):
     rows = {j: pixels(j) for j in jpegs[:8]}
     bomb, refused = png_bomb(), tiff()
     deep = b"[" * 100_000 + b"]" * 100_000
@@ -140,6 +144,14 @@ def make_cases(jpegs, upload_limit_mb):
         Case("malformed multipart", 3, lambda r: ("post", PREDICT, {"data": b"--b\r\nnonsense", "headers": {
             "Content-Type": "multipart/form-data; boundary=b"}}), 400),
         Case("over the upload limit", 0.3, lambda r: ("post", PREDICT, files(("big.jpg", oversize))), 413),
+        Case("1 good, v2 image_bytes", 4, lambda r: ("post", "/v2/models/cifar10/infer", {"json": {"inputs": [{
+            "name": "image_bytes", "datatype": "BYTES", "shape": [1], "parameters": {"content_type": "base64"},
+            "data": [base64.b64encode(r.choice(jpegs)).decode()]}]}}), 200, 1,
+             lambda b: len(b["outputs"][0]["data"]) >= 1),
+        Case("PNG bomb, TF Serving predict_images", 2, lambda r: ("post", "/v1/models/cifar10:predict", {"json": {
+            "signature_name": "predict_images", "instances": [{"b64": base64.b64encode(bomb).decode()}]}}), 413),
+        Case("more images than the cap", 1, lambda r: ("post", "/v2/models/cifar10/infer", {"json": {"inputs": [{
+            "name": "images", "datatype": "UINT8", "shape": [max_images + 1, 32, 32, 3], "data": [0]}]}}), 413),
     ]
 
 
@@ -206,23 +218,31 @@ class Tally:
         self.by_case = collections.defaultdict(collections.Counter)
         self.wrong = collections.Counter()
         self.examples = {}
-        self.good_sent = self.good_answered = 0
+        self.good_sent = self.good_answered = self.good_refused = 0
         self.requests = 0
 
-    def record(self, case, status, ok, answered_good, note=None):
+    def record(self, case, status, ok, answered_good, note=None, refused=0):
         with self.lock:
             self.requests += 1
             self.by_case[case.name][status] += 1
             self.good_sent += case.good
             self.good_answered += answered_good
+            self.good_refused += refused
             if not ok:
                 self.wrong[case.name] += 1
                 self.examples.setdefault(case.name, note)
 
 
-def client(url, cases, weights, seed, stop_at, tally, counting):
+def client(url, cases, weights, seed, stop_at, tally, counting, api_key=None):
     rng = random.Random(seed)
-    session = requests.Session()
+
+    def new_session():
+        session = requests.Session()
+        if api_key:
+            session.headers["X-API-Key"] = api_key
+        return session
+
+    session = new_session()
     while time.monotonic() < stop_at:
         case = rng.choices(cases, weights)[0]
         method, path, kwargs = case.send(rng)
@@ -231,9 +251,13 @@ def client(url, cases, weights, seed, stop_at, tally, counting):
         except requests.RequestException as e:
             if counting.is_set():
                 tally.record(case, f"no answer ({type(e).__name__})", False, 0, str(e)[:200])
-            session = requests.Session()
+            session = new_session()
             continue
         status = response.status_code
+        if status == 429 and api_key:  # over the rate limit: an expected answer to anything
+            if counting.is_set():
+                tally.record(case, status, True, 0, refused=case.good)
+            continue
         ok, answered = status == case.status, 0
         if ok and case.good:
             if case.check is None:  # the form: a page with a label on it
@@ -269,6 +293,7 @@ def main(argv=None):
     p.add_argument("--images", type=int, default=200, help="distinct good test images in the mix")
     p.add_argument("--seed", type=int, default=0, help="seed of the request mix")
     p.add_argument("--serve-env", action="append", default=[], metavar="KEY=VALUE", help="extra environment for the server")
+    p.add_argument("--api-key", help="send this key with every request (a server with SERVE_API_KEYS); 429s are then expected")
     p.add_argument("--json", help="also write the results to this JSON file")
     args = p.parse_args(argv)
     if not os.path.isdir(args.model_dir):
@@ -277,7 +302,7 @@ def main(argv=None):
     limit_mb = float(env_extra.get("SERVE_MAX_UPLOAD_MB") or os.environ.get("SERVE_MAX_UPLOAD_MB") or 16)
 
     jpegs = read_jpegs(args.data, args.images)
-    cases = make_cases(jpegs, limit_mb)
+    cases = make_cases(jpegs, limit_mb, int(env_extra.get("SERVE_MAX_IMAGES") or 256))
     weights = [c.weight for c in cases]
     logdir = tempfile.mkdtemp(prefix="soak-")
     process, url, errlog = start_server(os.path.abspath(args.model_dir), free_port(), env_extra, logdir)
@@ -287,8 +312,8 @@ def main(argv=None):
         begin = time.monotonic()
         stop_at = begin + args.warmup + args.seconds
         threads = [
-            threading.Thread(target=client, args=(url, cases, weights, args.seed * 1000 + i, stop_at, tally, counting),
-                             daemon=True)
+            threading.Thread(target=client, args=(url, cases, weights, args.seed * 1000 + i, stop_at, tally, counting,
+                                                  args.api_key), daemon=True)
             for i in range(args.clients)
         ]
         for thread in threads:
@@ -306,7 +331,7 @@ def main(argv=None):
         stop_memory.set()
         memory.join(5)
         workers_at_end = children(process.pid)
-        alive = requests.get(f"{url}/readyz", timeout=30).status_code
+        alive = requests.get(f"{url}/readyz", timeout=30).status_code  # open: no key needed
     finally:
         process.terminate()
         try:
@@ -329,6 +354,7 @@ def main(argv=None):
         "requests_per_s": round(tally.requests / elapsed, 1), "statuses": {str(k): v for k, v in sorted(statuses.items(), key=str)},
         "server_errors_5xx": server_errors, "unanswered": unanswered, "wrong_answers": dict(tally.wrong),
         "wrong_examples": tally.examples, "good_images_sent": tally.good_sent, "good_images_answered": tally.good_answered,
+        "good_images_refused_429": tally.good_refused,
         "rss_first_10s_mb": round(first, 1), "rss_last_10s_mb": round(last, 1), "rss_growth": round(growth, 4),
         "rss_per_process_last_mb": [round(samples[-1][1], 1)] + [round(w, 1) for w in samples[-1][2]] if samples else [],
         "workers_unchanged": workers_at_start == workers_at_end, "clients_not_finished": stuck,
@@ -338,7 +364,8 @@ def main(argv=None):
     }
     checks = {
         "no 5xx, none unanswered": server_errors == 0 and unanswered == 0 and stuck == 0,
-        "every good image answered": tally.good_answered == tally.good_sent and tally.good_sent > 0,
+        "every good image answered (or refused with a 429)": tally.good_answered + tally.good_refused == tally.good_sent
+        and tally.good_answered > 0,
         "every answer as expected": not tally.wrong,
         f"RSS growth <= {GROWTH_LIMIT:.0%}": growth <= GROWTH_LIMIT,
         "workers unchanged, server ready after": workers_at_start == workers_at_end and alive == 200,
@@ -352,7 +379,7 @@ def main(argv=None):
     for case in cases:
         counter = tally.by_case.get(case.name, {})
         print(f"| {case.name} | {sum(counter.values())} | {', '.join(f'{k}: {v}' for k, v in sorted(counter.items(), key=str))} |")
-    print(f"good images: {tally.good_answered} answered of {tally.good_sent} sent; 5xx: {server_errors}; "
+    print(f"good images: {tally.good_answered} answered, {tally.good_refused} refused with 429, of {tally.good_sent} sent; 5xx: {server_errors}; "
           f"unanswered: {unanswered}; wrong: {dict(tally.wrong) or 'none'}")
     print(f"resident memory (master + workers): first {WINDOW_S} s {first:.0f} MB, last {WINDOW_S} s {last:.0f} MB, "
           f"growth {growth:+.2%}; per process at the end: {results['rss_per_process_last_mb']} MB")
