@@ -179,3 +179,45 @@ def test_a_killed_process_and_a_restart_of_both_resume_from_the_last_finished_ep
     manifest = json.loads((output / MANIFEST_FILE).read_text())
     assert manifest["training"]["epochs"] == EPOCHS and manifest["metrics"]["test_accuracy"] > 0.6
     assert (output / WEIGHTS_FILE).exists() and not (output / "backup").exists()
+
+
+@pytest.mark.parametrize("pipeline", ["data", "arrays"])
+def test_the_parts_of_a_global_batch_are_the_batch_one_process_makes(pipeline):
+    """Each process's part is its rows of the batch one process would make (NumPy: augmentation included).
+
+    tf.data's random augmentation is not reproducible batch for batch even in one process (its
+    parallel map takes random numbers in whatever order its calls run), so it is compared unaugmented.
+    """
+    import tensorflow as tf
+
+    from train import arrays, data
+
+    splits = synthetic.make_splits(train_per_class=16, test_per_class=5)  # 48 and 15 images
+    module = data if pipeline == "data" else arrays
+
+    def batches(shard, count=2):
+        tf.random.set_seed(7)  # what keras.utils.set_random_seed does in every process
+        train = module.train_dataset(splits.x_train, splits.y_train, 16, pipeline == "arrays", seed=7, shard=shard)
+        evaluation = module.eval_dataset(splits.x_test, splits.y_test, 16, shard=shard)
+        if pipeline == "data":
+            return [[np.asarray(t) for t in b] for b in list(train)[:count]], [[np.asarray(t) for t in b] for b in evaluation]
+        return [train[i] for i in range(count)], [evaluation[i] for i in range(len(evaluation))]
+
+    whole_train, whole_eval = batches((0, 1))
+    parts = [batches((i, 4)) for i in range(4)]
+    for got, whole in ((0, whole_train), (1, whole_eval)):
+        for b, columns in enumerate(whole):
+            for c, column in enumerate(columns):
+                joined = np.concatenate([part[got][b][c] for part in parts])
+                np.testing.assert_array_equal(joined, column)
+                assert len(parts[0][got][b][c]) == len(column) // 4
+    assert sum(part[1][-1][2].sum() for part in parts) == 15  # every test image counted once, by one process
+
+
+def test_a_part_that_does_not_divide_the_global_batch_is_refused():
+    from train import data
+
+    with pytest.raises(ValueError, match="cannot take part 0 of 3 from global batches of 16"):
+        data.check_shard((0, 3), 16)
+    with pytest.raises(ValueError, match="cannot take part 2 of 2"):
+        data.check_shard((2, 2), 16)

@@ -223,14 +223,16 @@ def augment(images, pad=4, flips=None, shard=(0, 1)):
     and a select over the whole batch: on the CPU that takes a quarter to a third off the
     pipeline's cost. ``shard=(index, count)``: ``images`` is part ``index`` of ``count`` equal
     parts of a global batch; the random draws are made for the whole global batch and this
-    part's are used, so the processes of a multi-process run augment as one process would.
+    part's are used, so the parts of one batch are not augmented alike.
     """
     import tensorflow as tf
 
     index, count = shard
     batch = tf.shape(images)[0]
 
-    def draw(make):  # this part's share of draws made for the whole global batch
+    def draw(make):
+        # This part's share of draws made for the whole global batch: processes seeded alike would
+        # otherwise give the same offsets and flips to the same rows of their parts.
         if count == 1:
             return make(batch)
         local = images.shape[0]  # static: a part of a drop_remainder batch
@@ -263,7 +265,9 @@ def train_dataset(x, y, global_batch, augmentation=True, seed=None, crop_padding
     epochs); the dataset then repeats without end and counts its own epochs, from 0 again when a
     run resumes. ``shard=(index, count)``: this process's part of each global batch, for
     ``count`` processes that shuffle alike (same ``seed``) and each feed ``global_batch / count``
-    images, so a batch is cut before anything but the cached decode touches its images.
+    images, so a batch is cut before anything but the cached decode touches its images. (The
+    random augmentation is not reproducible batch for batch even in one process: the parallel map
+    takes its random numbers in whatever order its calls run.)
     """
     import tensorflow as tf
 
