@@ -206,7 +206,16 @@ def test_a_tpu_that_is_not_there_is_an_error_not_a_fallback(tmp_path, capsys):
     err = capsys.readouterr().err.strip()
     assert code == 2
     assert err.startswith("error: TPU 'local' is not available") and "\n" not in err
+    assert err.endswith("train on them with --backend jax")  # this process trains on TensorFlow
     assert not (tmp_path / "out").exists()
+
+
+def test_tensorflow_on_a_tpu_host_trains_on_the_cpu_and_says_jax_would_use_the_tpu(monkeypatch):
+    monkeypatch.setattr(tf_devices, "tpu_present", lambda: True)
+    placement = tf_devices.placement("auto")
+    assert (placement.name, placement.hardware) == ("_DefaultDistributionStrategy", "cpu")
+    assert placement.note == ("a TPU is present, but TensorFlow trains on the CPU: no TensorFlow build runs on "
+                              "current TPUs; train on them with --backend jax")
 
 
 def test_bad_flags_exit_2(capsys):

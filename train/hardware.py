@@ -1,9 +1,9 @@
 """What this machine has, and which Keras backend trains on it; imports neither TensorFlow nor JAX.
 
-The backend must be chosen before Keras is first imported (``KERAS_BACKEND``), and the
-TPU runtime's environment must be set before TensorFlow or JAX loads libtpu, so everything
-here runs first. The backend-specific halves are :mod:`train.tf_devices` (tf.distribute
-strategies) and :mod:`train.jax_devices` (``keras.distribution`` over JAX devices); both
+The backend must be chosen before Keras is first imported (``KERAS_BACKEND``), and JAX kept
+from loading libtpu on a machine without a TPU, so everything here runs first. The
+backend-specific halves are :mod:`train.tf_devices` (tf.distribute strategies, CPU and GPUs)
+and :mod:`train.jax_devices` (``keras.distribution`` over JAX devices, TPUs included); both
 return a :class:`Placement`.
 """
 
@@ -28,7 +28,7 @@ class Placement:
     """Where training runs, whichever backend placed it."""
 
     backend: str  # "tensorflow" or "jax"
-    name: str  # the strategy or distribution: "TPUStrategy", "MirroredStrategy", "DataParallel", ...
+    name: str  # the strategy or distribution: "MirroredStrategy", "DataParallel", ...
     hardware: str  # "tpu", "gpu" or "cpu"
     replicas: int  # devices that each take a slice of the global batch
     chief: bool = True  # whether this process writes the run directory
@@ -99,13 +99,6 @@ def prepare_environment(backend, environ=None, pci_root=PCI_DEVICES):
         # errors before falling back); a GPU plugin, when installed, is still used.
         gpu_plugin = any(installed(f"jax_cuda{v}_plugin") for v in (12, 13))
         env["JAX_PLATFORMS"] = "cuda,cpu" if gpu_plugin else "cpu"
-    if backend == "tensorflow" and on_tpu and installed("libtpu"):
-        # TensorFlow >= 2.19 reaches TPU VMs only through the PJRT plugin (as Keras's TF-on-TPU guide sets it).
-        import libtpu
-
-        env.setdefault("PJRT_DEVICE", "TPU")
-        env.setdefault("NEXT_PLUGGABLE_DEVICE_USE_C_API", "true")
-        env.setdefault("TF_PLUGGABLE_DEVICE_LIBRARY_PATH", libtpu.get_library_path())
 
 
 def loaded_backend():

@@ -1,11 +1,11 @@
-"""TensorFlow backend: the tf.distribute strategy for whatever hardware is present.
+"""TensorFlow backend: the tf.distribute strategy for the CPU or the GPUs of one machine.
 
-Order: a TPU (asked for by name, ``local`` on TPU VMs, or found by ``auto``); ``TF_CONFIG``
--> MultiWorkerMirroredStrategy, refused with a clear error because Keras 3 cannot fit under
-it (keras-team/keras#20585); several GPUs -> MirroredStrategy; else the default strategy.
-A TPU that was asked for by name and is not there is an :class:`AcceleratorError`, never a
-silent fallback to the CPU. On current TPU VMs TensorFlow reaches the chips through the PJRT
-plugin, whose environment :func:`train.hardware.prepare_environment` sets before import.
+Order: ``TF_CONFIG`` -> MultiWorkerMirroredStrategy, refused with a clear error because Keras 3
+cannot fit under it (keras-team/keras#20585); several GPUs -> MirroredStrategy; else the default
+strategy. TPUs are trained on by the JAX backend alone: no TensorFlow that pip installs runs on
+current TPUs (``tensorflow-tpu`` 2.20, the last, aborts at import with the libtpu it resolves), so a
+TPU asked for here is an :class:`AcceleratorError` that names ``--backend jax``, never a silent
+fallback to the CPU.
 """
 
 import json
@@ -15,29 +15,13 @@ import tensorflow as tf
 
 from train.hardware import AcceleratorError, Placement, is_chief_task, tpu_present
 
-
-def connect_tpu(tpu):
-    """Connect to ``tpu`` ("local", a name or a grpc:// address) and return a TPUStrategy."""
-    try:
-        resolver = tf.distribute.cluster_resolver.TPUClusterResolver(tpu=tpu)
-        if tpu != "local":
-            tf.config.experimental_connect_to_cluster(resolver)
-        tf.tpu.experimental.initialize_tpu_system(resolver)
-        strategy = tf.distribute.TPUStrategy(resolver)
-    except Exception as exc:  # the resolver raises many types; all mean "no usable TPU"
-        first_line = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
-        raise AcceleratorError(f"TPU {tpu!r} is not available: {first_line}") from None
-    if not tf.config.list_logical_devices("TPU"):
-        raise AcceleratorError(f"TPU {tpu!r} is not available: no TPU devices after initialisation")
-    return strategy
+JAX_FOR_TPUS = "no TensorFlow build runs on current TPUs; train on them with --backend jax"
 
 
 def select_strategy(tpu="auto"):
-    """Return the strategy for this machine; ``tpu`` is "auto", "none", "local", a name or an address."""
+    """Return the strategy for this machine; ``tpu`` other than "auto" or "none" is an error (see the module)."""
     if tpu not in (None, "auto", "none"):
-        return connect_tpu(tpu)
-    if tpu == "auto" and tpu_present():
-        return connect_tpu(os.environ.get("TPU_NAME", "local"))
+        raise AcceleratorError(f"TPU {tpu!r} is not available to the TensorFlow backend: {JAX_FOR_TPUS}")
     if os.environ.get("TF_CONFIG"):
         try:
             json.loads(os.environ["TF_CONFIG"])
@@ -61,6 +45,8 @@ def placement(tpu="auto", strategy=None):
                                "MultiWorkerMirroredStrategy (keras-team/keras#20585); unset TF_CONFIG to train "
                                "on this host")
     task_type, task_id = _task(strategy)
+    note = f"a TPU is present, but TensorFlow trains on the {kind(strategy).upper()}: {JAX_FOR_TPUS}" \
+        if tpu == "auto" and tpu_present() else ""
     return Placement(
         backend="tensorflow",
         name=type(strategy).__name__,
@@ -71,6 +57,7 @@ def placement(tpu="auto", strategy=None):
         scope=strategy.scope,
         host=on_host,
         strategy=strategy,
+        note=note,
     )
 
 
@@ -80,9 +67,7 @@ def on_host():
 
 
 def kind(strategy):
-    """A short name for the hardware behind ``strategy``: "tpu", "gpu" or "cpu"."""
-    if isinstance(strategy, tf.distribute.TPUStrategy):
-        return "tpu"
+    """A short name for the hardware behind ``strategy``: "gpu" or "cpu"."""
     try:
         devices = strategy.extended.worker_devices
     except RuntimeError:  # the default strategy: whatever TensorFlow places ops on
