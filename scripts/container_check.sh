@@ -55,7 +55,9 @@ cleanup() {
         fi
         podman rm -f -t 5 "$NAME" >/dev/null 2>&1 || true
     fi
-    podman image exists "$IMAGE" 2>/dev/null && podman rmi -f "$IMAGE" >/dev/null 2>&1 || true
+    if podman image exists "$IMAGE" 2>/dev/null; then
+        podman rmi -f "$IMAGE" >/dev/null 2>&1 || true
+    fi
     # debootstrap mounts /proc (and more) inside the root it builds; an interrupted one leaves them.
     awk -v work="$WORK/" 'index($2, work) == 1 {print $2}' /proc/mounts | sort -r | while read -r mount; do
         umount -l "$mount" || true
@@ -79,6 +81,7 @@ if [ ${#missing[@]} -gt 0 ]; then
         local attempt
         for attempt in 1 2 3 4 5 6; do
             DEBIAN_FRONTEND=noninteractive apt-get -o DPkg::Lock::Timeout=600 "$@" && return 0
+            echo "apt-get $1: attempt $attempt failed; trying again in 10 s" >&2
             sleep 10
         done
         return 1
