@@ -40,11 +40,14 @@ BIN = Path(sys.executable).parent
 #: What a user applies (docs/deploy.md#kubernetes); the base and the training component are parts.
 TARGETS = [
     "storage", "shell", "overlays/local", "overlays/tfserving",
-    "training/tensorflow", "training/jax", "training/tpu-v5e", "training/tpu-v6e", "training/export",
+    "training/tensorflow", "training/jax", "training/tpu-v5e", "training/tpu-v6e", "training/tpu-v5e-16",
+    "training/export",
 ]
 PARTS = {"base", "training/common"}
 SERVING = ["overlays/local", "overlays/tfserving"]
-TRAINING = ["training/tensorflow", "training/jax", "training/tpu-v5e", "training/tpu-v6e"]
+TRAINING = ["training/tensorflow", "training/jax", "training/tpu-v5e", "training/tpu-v6e", "training/tpu-v5e-16"]
+#: The Jobs of several JAX processes (one per pod), joined through process 0.
+MULTI_PROCESS = ["training/jax", "training/tpu-v6e", "training/tpu-v5e-16"]
 
 #: The oldest Kubernetes with every field used here GA or on by default (Job podFailurePolicy is GA
 #: in 1.31; podReplacementPolicy and the preStop sleep action are beta and on from 1.29/1.30), and the
@@ -614,7 +617,7 @@ def test_tensorflow_job_is_one_pod(rendered):
     assert policy["spec"]["policyTypes"] == ["Ingress"] and not policy["spec"].get("ingress")  # nothing connects
 
 
-@pytest.mark.parametrize("target", ["training/jax", "training/tpu-v6e"])
+@pytest.mark.parametrize("target", MULTI_PROCESS)
 def test_jax_processes_join_through_process_zero(rendered, target, monkeypatch):
     """keras.distribution.initialize() itself reads each pod's variables; JAX's own call is recorded."""
     import jax
@@ -647,12 +650,25 @@ def test_jax_processes_join_through_process_zero(rendered, target, monkeypatch):
     assert port in {p["containerPort"] for p in c["ports"]} and port in {p["port"] for p in service["spec"]["ports"]}
 
 
+@pytest.mark.parametrize("target", MULTI_PROCESS)
+def test_every_jax_process_mounts_the_run_that_process_0_writes(rendered, target):
+    """Process 0 alone writes the run and its backup, and every process resumes from that backup."""
+    job = training_job(rendered, target)
+    c = container(job, "train")
+    output = parsed_train_args(c).output
+    volume, mount = mount_of(job, c, output)
+    assert volume["persistentVolumeClaim"]["claimName"] == "cifar-training"
+    assert not mount.get("readOnly") and not volume["persistentVolumeClaim"].get("readOnly")
+    # One device set per process, as the multi-process tests run it: nothing forces extra host devices.
+    assert "XLA_FLAGS" not in pod_env(c, 0)
+
+
 #: Chips per host of the TPU machine types GKE offers for each accelerator (single-host v5e and
 #: v6e machines hold up to 8; multi-host slices use 4-chip hosts).
 TPU_ACCELERATORS = {"tpu-v5-lite-podslice", "tpu-v6e-slice"}
 
 
-@pytest.mark.parametrize("target", ["training/tpu-v5e", "training/tpu-v6e"])
+@pytest.mark.parametrize("target", ["training/tpu-v5e", "training/tpu-v6e", "training/tpu-v5e-16"])
 def test_tpu_job_asks_for_exactly_the_slice_it_selects(rendered, target):
     job = one(rendered[target], "Job")
     spec, c = pod_spec(job), container(job, "train")
