@@ -28,11 +28,15 @@ MULTI_PROCESS_VARIABLES = ("KERAS_DISTRIBUTION_JOB_ADDRESSES", "KERAS_DISTRIBUTI
 
 
 def placement(tpu="auto"):
-    """The :class:`Placement` over every device JAX can see; ``tpu`` as for the TensorFlow backend."""
+    """The :class:`Placement` over every device JAX can see.
+
+    ``tpu``: "auto" (a TPU when JAX finds one), "none", or a TPU asked for ("local", a name), which
+    is an :class:`AcceleratorError` unless JAX's devices are TPUs.
+    """
     if any(os.environ.get(name) for name in MULTI_PROCESS_VARIABLES):
         if not jax.config.jax_cpu_collectives_implementation:
             # Collectives between processes' CPU devices (Keras's seed agreement, and CPU training):
-            # gloo over TCP, JAX's default since 0.4.3x; set here in case a JAX has none by default.
+            # gloo over TCP, the default of the JAX this is tested with (0.10); set where a JAX has none.
             jax.config.update("jax_cpu_collectives_implementation", "gloo")
         keras.distribution.initialize()
     devices = jax.devices()
