@@ -32,6 +32,9 @@ timeout = _settings.gunicorn_timeout
 graceful_timeout = 20
 keepalive = 5
 preload_app = False
+# gunicorn 25.1+ serves a control socket (gunicornc) under $HOME/.gunicorn; nothing here uses it, and the
+# image's user has no home ("Control server error: [Errno 13] Permission denied: '/home/app'").
+control_socket_disable = True
 accesslog = _settings.gunicorn_accesslog  # "-" for stdout; off by default
 errorlog = "-"
 loglevel = _settings.gunicorn_loglevel
