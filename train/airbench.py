@@ -24,7 +24,8 @@ import keras
 import numpy as np
 from keras import layers
 
-from train.models import CIFAR10_MEAN, CIFAR10_STD, INPUT_SHAPE, Recipe, register
+from train.models import CIFAR10_MEAN, CIFAR10_STD, INPUT_SHAPE
+from train.registry import Recipe, register
 
 WIDTHS = (64, 256, 256)  # channels of the three conv groups
 WHITEN_PATCH = 2  # pixels: 2x2x3 patches, 12 directions, each kept with its negative
