@@ -10,7 +10,6 @@ server refused a whole request. None of them imports TensorFlow.
 """
 
 import array
-import base64
 import json
 import struct
 import sys
@@ -148,8 +147,15 @@ def _reason(body, response):
     return f"HTTP {response.status_code} {response.reason or ''}".strip()
 
 
+def _with_bad(batch, bad, predict_good):
+    """One result per image of ``batch``: ``predict_good()`` for the decoded ones, an error for each of ``bad``."""
+    good = predict_good() if len(bad) < len(batch) else []
+    answers = iter(good)
+    return [{"error": bad[i], "status": None} if i in bad else next(answers) for i in range(len(batch))]
+
+
 class TFServingRestTransport(_HttpTransport):
-    """TF Serving's REST API: encoded images as ``{"b64": ...}`` to the ``predict_images`` signature."""
+    """TF Serving's REST API: images decoded here (:mod:`client.images`), uint8 pixels to ``serving_default``."""
 
     def __init__(self, url, model, timeout, **retry):
         super().__init__(url, timeout, **retry)
@@ -165,17 +171,21 @@ class TFServingRestTransport(_HttpTransport):
         return body
 
     def predict(self, batch, top_k):
-        body = {
-            "signature_name": contract.SIGNATURE_BYTES,
-            "instances": [{"b64": base64.b64encode(data).decode("ascii")} for _, data in batch],
-        }
-        predictions = self._call("POST", ":predict", json=body)["predictions"]
-        rows = []
-        for row in predictions:
-            class_id = int(row[contract.OUTPUT_CLASS_IDS])
-            self.names[class_id] = row[contract.OUTPUT_CLASS_NAMES]
-            rows.append((row[contract.OUTPUT_PROBABILITIES], class_id))
-        return [_tfs_result(p, c, top_k, self.names) for p, c in rows]
+        from client import images
+
+        pixels, bad = images.decode_batch(batch)
+
+        def predict_good():
+            body = {"signature_name": contract.SIGNATURE_PIXELS, "instances": pixels.tolist()}
+            predictions = self._call("POST", ":predict", json=body)["predictions"]
+            rows = []
+            for row in predictions:
+                class_id = int(row[contract.OUTPUT_CLASS_IDS])
+                self.names[class_id] = row[contract.OUTPUT_CLASS_NAMES]
+                rows.append((row[contract.OUTPUT_PROBABILITIES], class_id))
+            return [_tfs_result(p, c, top_k, self.names) for p, c in rows]
+
+        return _with_bad(batch, bad, predict_good)
 
     def health(self):
         body = self._call("GET", "")
@@ -251,25 +261,33 @@ class TFServingGrpcTransport:
             raise RequestFailed(details or code.name, code.name) from error
 
     def predict(self, batch, top_k):
+        from client import images
+
+        pixels, bad = images.decode_batch(batch)
+        return _with_bad(batch, bad, lambda: self._predict_pixels(pixels, top_k))
+
+    def _predict_pixels(self, pixels, top_k):
+        """``serving_default`` on uint8 ``pixels``, as TF Serving's clients send a uint8 tensor."""
         from client.protos.tensorflow.core.framework import types_pb2
         from client.protos.tensorflow_serving.apis import predict_pb2
 
         request = predict_pb2.PredictRequest()
         request.model_spec.name = self.model
-        request.model_spec.signature_name = contract.SIGNATURE_BYTES
-        tensor = request.inputs[contract.INPUT_BYTES]
-        tensor.dtype = types_pb2.DT_STRING
-        tensor.tensor_shape.dim.add().size = len(batch)
-        tensor.string_val.extend(data for _, data in batch)
+        request.model_spec.signature_name = contract.SIGNATURE_PIXELS
+        tensor = request.inputs[contract.INPUT_PIXELS]
+        tensor.dtype = types_pb2.DT_UINT8
+        for size in pixels.shape:
+            tensor.tensor_shape.dim.add().size = int(size)
+        tensor.tensor_content = pixels.tobytes()
         outputs = self._call(self.predictions.Predict, request).outputs
         probabilities = _numbers(outputs[contract.OUTPUT_PROBABILITIES], "float_val", "f")
         class_ids = _numbers(outputs[contract.OUTPUT_CLASS_IDS], "int64_val", "q")
         class_names = [n.decode("utf-8") for n in outputs[contract.OUTPUT_CLASS_NAMES].string_val]
         self.names.update(zip(class_ids, class_names))
-        width = len(probabilities) // max(len(batch), 1)
+        width = len(probabilities) // max(len(pixels), 1)
         return [
             _tfs_result(probabilities[i * width : (i + 1) * width], class_ids[i], top_k, self.names)
-            for i in range(len(batch))
+            for i in range(len(pixels))
         ]
 
     def health(self):

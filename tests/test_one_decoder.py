@@ -15,6 +15,7 @@ from PIL import Image
 
 import contract
 import synthetic
+from live_server import live_server  # noqa: F401  (imported for its fixture)
 from tfserving_standin import tfserving  # noqa: F401  (imported for its fixture)
 
 RUNTIMES = ("litert", "litert-int8", "savedmodel")
@@ -129,3 +130,26 @@ def test_every_route_gives_the_same_answer(served, name, class_names):
     if where != "litert-int8":
         for other in others:
             np.testing.assert_allclose(reference, other, atol=1e-4)
+
+
+@pytest.mark.parametrize("name", IMAGES)
+def test_the_client_gets_one_answer_on_every_transport(name, live_server, tfserving, tmp_path, capsys):  # noqa: F811
+    """Straight to TF Serving the client decodes by the server's rule, so it agrees with the front end."""
+    import json
+
+    from client import cli
+
+    path = tmp_path / ("photo.jpg" if name.endswith("jpeg") else "photo.png")
+    path.write_bytes(IMAGES[name])
+    urls = {"api": live_server, "v2": live_server, "tfserving-rest": tfserving.rest_url, "tfserving-grpc": tfserving.grpc_target}
+    answers = {}
+    for via, url in urls.items():
+        assert cli.main(["predict", str(path), "--via", via, "--url", url, "--json", "--top-k", "10"]) == 0
+        (line,) = capsys.readouterr().out.splitlines()
+        result = json.loads(line)
+        answers[via] = (result["class_id"], {t["class_id"]: t["probability"] for t in result["top_k"]})
+    reference_class, reference = answers["api"]
+    for via, (class_id, probabilities) in answers.items():
+        assert class_id == reference_class, via
+        for c, p in reference.items():
+            assert probabilities[c] == pytest.approx(p, abs=1e-4), via
