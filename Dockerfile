@@ -1,7 +1,7 @@
 # syntax=docker/dockerfile:1
 # The serving image: the Flask front end in serve/, under gunicorn, on a slim Python base. No
 # TensorFlow: the model runs in LiteRT (SERVE_RUNTIME=litert, or litert-int8), and the TF Serving
-# backends speak gRPC through the protos vendored in client/protos.
+# backends speak gRPC through the protos vendored in tfs_protos.
 #
 # Typical usage (docs/deploy.md has the rest):
 #   docker build -t cifar-serve .
@@ -32,13 +32,12 @@ WORKDIR /src
 COPY ${LOCK} ./requirements.txt
 RUN pip install --no-cache-dir --require-hashes -r requirements.txt
 # Then the project alone, resolving nothing: only what the install needs, the project metadata
-# (README.md is its readme) and the packages the server imports (of client/, only the vendored
-# protos); tests/test_deploy.py checks that serve/ imports nothing else. "./" is spelled so hadolint
+# (README.md is its readme) and the packages the server imports (contract, the vendored TF Serving
+# protos, serve); tests/test_deploy.py checks that serve/ imports nothing else. "./" is spelled so hadolint
 # sees a local path, not an unpinned package from an index.
 COPY pyproject.toml README.md ./
 COPY contract ./contract
-COPY client/__init__.py ./client/
-COPY client/protos ./client/protos
+COPY tfs_protos ./tfs_protos
 COPY serve ./serve
 RUN pip install --no-cache-dir --no-deps --no-build-isolation "./"
 

@@ -9,10 +9,8 @@ ready model, and ``info()`` the model's name, version, classes and signatures. T
 server refused a whole request. None of them imports TensorFlow.
 """
 
-import array
 import json
 import struct
-import sys
 from urllib.parse import quote
 
 import contract
@@ -223,24 +221,13 @@ def _tfs_result(probabilities, class_id, top_k, names):
     }
 
 
-def _numbers(tensor, field, typecode):
-    """A TensorProto's values: TF Serving packs them into ``tensor_content`` (little-endian) or a ``*_val`` field."""
-    if tensor.tensor_content:
-        values = array.array(typecode)
-        values.frombytes(tensor.tensor_content)
-        if sys.byteorder != "little":
-            values.byteswap()
-        return values.tolist()
-    return list(getattr(tensor, field))
-
-
 class TFServingGrpcTransport:
     """TF Serving's gRPC ``PredictionService``/``ModelService``, through the vendored protos."""
 
     def __init__(self, target, model, timeout):
         import grpc
 
-        from client.protos.tensorflow_serving.apis import model_service_pb2_grpc, prediction_service_pb2_grpc
+        from tfs_protos.tensorflow_serving.apis import model_service_pb2_grpc, prediction_service_pb2_grpc
 
         self._grpc = grpc
         self.target = target
@@ -268,30 +255,22 @@ class TFServingGrpcTransport:
 
     def _predict_pixels(self, pixels, top_k):
         """``serving_default`` on uint8 ``pixels``, as TF Serving's clients send a uint8 tensor."""
-        from client.protos.tensorflow.core.framework import types_pb2
-        from client.protos.tensorflow_serving.apis import predict_pb2
+        from tfs_protos import tensors
+        from tfs_protos.tensorflow_serving.apis import predict_pb2
 
         request = predict_pb2.PredictRequest()
         request.model_spec.name = self.model
         request.model_spec.signature_name = contract.SIGNATURE_PIXELS
-        tensor = request.inputs[contract.INPUT_PIXELS]
-        tensor.dtype = types_pb2.DT_UINT8
-        for size in pixels.shape:
-            tensor.tensor_shape.dim.add().size = int(size)
-        tensor.tensor_content = pixels.tobytes()
+        request.inputs[contract.INPUT_PIXELS].CopyFrom(tensors.to_proto(pixels))
         outputs = self._call(self.predictions.Predict, request).outputs
-        probabilities = _numbers(outputs[contract.OUTPUT_PROBABILITIES], "float_val", "f")
-        class_ids = _numbers(outputs[contract.OUTPUT_CLASS_IDS], "int64_val", "q")
-        class_names = [n.decode("utf-8") for n in outputs[contract.OUTPUT_CLASS_NAMES].string_val]
+        probabilities = tensors.to_array(outputs[contract.OUTPUT_PROBABILITIES]).reshape(len(pixels), -1).tolist()
+        class_ids = tensors.to_array(outputs[contract.OUTPUT_CLASS_IDS]).reshape(-1).tolist()
+        class_names = [n.decode("utf-8") for n in tensors.to_array(outputs[contract.OUTPUT_CLASS_NAMES]).reshape(-1).tolist()]
         self.names.update(zip(class_ids, class_names))
-        width = len(probabilities) // max(len(pixels), 1)
-        return [
-            _tfs_result(probabilities[i * width : (i + 1) * width], class_ids[i], top_k, self.names)
-            for i in range(len(pixels))
-        ]
+        return [_tfs_result(probabilities[i], class_ids[i], top_k, self.names) for i in range(len(pixels))]
 
     def health(self):
-        from client.protos.tensorflow_serving.apis import get_model_status_pb2
+        from tfs_protos.tensorflow_serving.apis import get_model_status_pb2
 
         request = get_model_status_pb2.GetModelStatusRequest()
         request.model_spec.name = self.model
@@ -303,8 +282,8 @@ class TFServingGrpcTransport:
         return {"status": "ready", "model": self.model, "versions": versions}
 
     def info(self):
-        from client.protos.tensorflow.core.protobuf import meta_graph_pb2  # noqa: F401  (SignatureDef, for Unpack)
-        from client.protos.tensorflow_serving.apis import get_model_metadata_pb2
+        from tfs_protos.tensorflow.core.protobuf import meta_graph_pb2  # noqa: F401  (SignatureDef, for Unpack)
+        from tfs_protos.tensorflow_serving.apis import get_model_metadata_pb2
 
         request = get_model_metadata_pb2.GetModelMetadataRequest()
         request.model_spec.name = self.model

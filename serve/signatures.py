@@ -1,6 +1,5 @@
 """Signature definitions as TF Serving writes them in JSON, and the small summary /api/v1/model shows."""
 
-import functools
 
 import numpy as np
 
@@ -26,7 +25,7 @@ NUMPY_DTYPES = {
 
 def signature_defs_json(saved_model_pb):
     """``{name: signature_def}`` of a ``saved_model.pb`` in TF Serving's metadata JSON form."""
-    from client.protos.tensorflow_serving.apis import get_model_metadata_pb2
+    from tfs_protos.tensorflow_serving.apis import get_model_metadata_pb2
 
     with open(saved_model_pb, "rb") as f:
         saved = _saved_model_message().FromString(f.read())
@@ -37,35 +36,11 @@ def signature_defs_json(saved_model_pb):
     return signature_def_map_json(defs)
 
 
-@functools.cache
 def _saved_model_message():
-    """The ``tensorflow.SavedModel`` message class, without TensorFlow.
+    """The ``tensorflow.SavedModel`` message class, generated with the other vendored protos (no TensorFlow)."""
+    from tfs_protos.tensorflow.core.protobuf import saved_model_pb2
 
-    The vendored protos (``client.protos``) hold ``MetaGraphDef`` but not the two-field
-    ``SavedModel`` around it (tensorflow/core/protobuf/saved_model.proto); it is declared here
-    in the same descriptor pool, field for field.
-    """
-    from google.protobuf import descriptor_pb2, message_factory
-
-    from client import protos
-    from client.protos.tensorflow.core.protobuf import meta_graph_pb2
-
-    name = "tensorflow/core/protobuf/saved_model.proto"
-    try:
-        protos.POOL.FindFileByName(name)
-    except KeyError:
-        field = descriptor_pb2.FieldDescriptorProto
-        file = descriptor_pb2.FileDescriptorProto(
-            name=name, package="tensorflow", syntax="proto3", dependency=[meta_graph_pb2.DESCRIPTOR.name]
-        )
-        message = file.message_type.add(name="SavedModel")
-        message.field.add(name="saved_model_schema_version", number=1, type=field.TYPE_INT64, label=field.LABEL_OPTIONAL)
-        message.field.add(
-            name="meta_graphs", number=2, type=field.TYPE_MESSAGE, label=field.LABEL_REPEATED,
-            type_name=".tensorflow.MetaGraphDef",
-        )
-        protos.POOL.Add(file)
-    return message_factory.GetMessageClass(protos.POOL.FindMessageTypeByName("tensorflow.SavedModel"))
+    return saved_model_pb2.SavedModel
 
 
 def signature_def_map_json(defs):

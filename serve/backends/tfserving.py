@@ -7,7 +7,8 @@ import time
 import numpy as np
 
 from contract import INPUT_PIXELS, OUTPUT_CLASS_IDS, OUTPUT_CLASS_NAMES, OUTPUT_PROBABILITIES, SIGNATURE_PIXELS
-from serve import published, settings, signatures, tensors
+from serve import published, settings, signatures
+from tfs_protos import tensors
 from serve.backends.interface import model_facts, probe_batch
 from serve.errors import ServeError
 
@@ -207,7 +208,7 @@ class TFServingGrpcBackend(_RemoteBackend):
 
     def __init__(self, target, name, timeout_s=5.0, model_dir=None, on_batch=None, max_batch=settings.DEFAULT_TFSERVING_MAX_BATCH):
         import grpc
-        from client.protos.tensorflow_serving.apis import prediction_service_pb2_grpc
+        from tfs_protos.tensorflow_serving.apis import prediction_service_pb2_grpc
 
         super().__init__(name, timeout_s, model_dir, on_batch, max_batch)
         self.target = target
@@ -242,8 +243,8 @@ class TFServingGrpcBackend(_RemoteBackend):
             raise ServeError(f"TF Serving at {self.target} is unavailable ({name}: {details})", 503) from None
 
     def _fetch_metadata(self):
-        from client.protos.tensorflow.core.protobuf import meta_graph_pb2  # noqa: F401  (SignatureDef, for Unpack)
-        from client.protos.tensorflow_serving.apis import get_model_metadata_pb2
+        from tfs_protos.tensorflow.core.protobuf import meta_graph_pb2  # noqa: F401  (SignatureDef, for Unpack)
+        from tfs_protos.tensorflow_serving.apis import get_model_metadata_pb2
 
         request = get_model_metadata_pb2.GetModelMetadataRequest()
         request.model_spec.name = self.name
@@ -255,7 +256,7 @@ class TFServingGrpcBackend(_RemoteBackend):
         return signatures.signature_def_map_json(defs), ([version] if version else [])
 
     def _run_once(self, signature_name, inputs, version=None):
-        from client.protos.tensorflow_serving.apis import predict_pb2
+        from tfs_protos.tensorflow_serving.apis import predict_pb2
 
         request = predict_pb2.PredictRequest()
         request.model_spec.name = self.name

@@ -1,0 +1,47 @@
+"""The stages import one another in one direction only: contract <- train <- export; contract <- serve;
+tfs_protos <- serve, client; nothing imports bench/ or tests/. Read from the sources with ``ast``."""
+
+import ast
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+OURS = ("contract", "tfs_protos", "train", "export", "serve", "client", "bench", "tests")
+#: What each shipped package may import of ours, itself included.
+ALLOWED = {
+    "contract": {"contract"},
+    "tfs_protos": {"tfs_protos"},
+    "train": {"contract", "train"},
+    "export": {"contract", "train", "export"},
+    "serve": {"contract", "tfs_protos", "serve"},
+    "client": {"contract", "tfs_protos", "client"},
+}
+
+
+def imported_packages(path):
+    """The top-level packages of ours that ``path`` imports, anywhere in the file (function bodies too)."""
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            names = [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            names = [node.module]
+        else:
+            continue
+        found.update(name.split(".")[0] for name in names if name.split(".")[0] in OURS)
+    return found
+
+
+def test_each_package_imports_only_what_its_layer_allows():
+    wrong = {}
+    for package, allowed in ALLOWED.items():
+        for path in sorted((ROOT / package).rglob("*.py")):
+            extra = imported_packages(path) - allowed
+            if extra:
+                wrong[str(path.relative_to(ROOT))] = sorted(extra)
+    assert not wrong, f"imports against the layering: {wrong}"
+
+
+def test_the_scan_sees_imports_inside_functions():
+    """export imports train's builder inside functions: the scan must find it, or it proves nothing."""
+    assert "train" in imported_packages(ROOT / "export" / "verify.py")
+    assert "tfs_protos" in imported_packages(ROOT / "serve" / "backends" / "tfserving.py")
