@@ -24,6 +24,7 @@ import sys
 
 import contract
 from client import transports
+from contract.arguments import non_negative_int, positive_float, positive_int
 
 DEFAULT_URL = "http://localhost:8000"
 #: Where each --via looks when no --url is given: TF Serving's own default ports; v2 on this server's
@@ -58,14 +59,14 @@ def build_parser():
         help=f"server address (default ${URL_ENV}, else {DEFAULT_URL} for the API and v2, "
         "localhost:8501 for TF Serving REST, localhost:8500 for TF Serving gRPC)",
     )
-    common.add_argument("--timeout", type=_positive_float, default=DEFAULT_TIMEOUT_S, help="seconds to wait for each request")
+    common.add_argument("--timeout", type=positive_float, default=DEFAULT_TIMEOUT_S, help="seconds to wait for each request")
     common.add_argument(
-        "--retries", type=_non_negative_int, default=transports.DEFAULT_RETRIES,
+        "--retries", type=non_negative_int, default=transports.DEFAULT_RETRIES,
         help="times to send a request again when the server answers 429 or 503, after the wait its Retry-After "
         "asks for (HTTP; default %(default)s); then the client stops with one line and exit 1 (429) or 3 (503)",
     )
     common.add_argument(
-        "--max-wait", type=_positive_float, default=transports.DEFAULT_MAX_WAIT_S,
+        "--max-wait", type=positive_float, default=transports.DEFAULT_MAX_WAIT_S,
         help="longest wait before sending again, in seconds, whatever Retry-After asks (default %(default)g)",
     )
     common.add_argument(
@@ -88,8 +89,8 @@ def build_parser():
 
     predict = commands.add_parser("predict", parents=[common], help="classify image files, directories or globs")
     predict.add_argument("paths", nargs="+", metavar="FILE|DIR|GLOB", help="images; directories are searched for image files")
-    predict.add_argument("--top-k", type=_positive_int, default=DEFAULT_TOP_K, help="how many best classes to show (default %(default)s)")
-    predict.add_argument("--batch-size", type=_positive_int, default=DEFAULT_BATCH_SIZE, help="images per request (default %(default)s)")
+    predict.add_argument("--top-k", type=positive_int, default=DEFAULT_TOP_K, help="how many best classes to show (default %(default)s)")
+    predict.add_argument("--batch-size", type=positive_int, default=DEFAULT_BATCH_SIZE, help="images per request (default %(default)s)")
     predict.add_argument("--json", action="store_true", help="print one JSON object per image instead of a table")
     predict.add_argument(
         "--progress",
@@ -102,26 +103,6 @@ def build_parser():
     info.add_argument("--json", action="store_true", help="print the answer as JSON")
     return parser
 
-
-def _positive_int(text):
-    value = int(text)
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be at least 1, got {text}")
-    return value
-
-
-def _non_negative_int(text):
-    value = int(text)
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"must be at least 0, got {text}")
-    return value
-
-
-def _positive_float(text):
-    value = float(text)
-    if value <= 0:
-        raise argparse.ArgumentTypeError(f"must be positive, got {text}")
-    return value
 
 
 def make_transport(via, url, model, timeout, retries=transports.DEFAULT_RETRIES, max_wait=transports.DEFAULT_MAX_WAIT_S):

@@ -47,9 +47,11 @@ def authorize(transport, api_key):
 
 
 def top_k_from_probabilities(probabilities, k, names):
-    """[{label, class_id, probability}] for the ``k`` most probable classes, best first."""
-    order = sorted(range(len(probabilities)), key=lambda i: -probabilities[i])[:k]
-    return [{"label": names.get(i, UNKNOWN_LABEL), "class_id": i, "probability": float(probabilities[i])} for i in order]
+    """[{label, class_id, probability}] for the ``k`` most probable classes, best first (:mod:`contract.ranking`)."""
+    from contract.ranking import top_k
+
+    order, best = top_k(probabilities, k)
+    return [{"label": names.get(i, UNKNOWN_LABEL), "class_id": i, "probability": p} for i, p in zip(order.tolist(), best.tolist())]
 
 
 class _HttpTransport:

@@ -55,6 +55,7 @@ from contract import (
     WARMUP_FILE,
     WEIGHTS_FILE,
 )
+from contract.arguments import positive_int
 from export import ExportError, litert
 from export.savedmodel import format_signatures, save, write_warmup
 from export.verify import check_fingerprint, probe_inputs, rebuild, verify_saved_model
@@ -193,16 +194,6 @@ def _write_assets(path, manifest, name, version, signatures, run_dir, probe, lit
         f.write("\n")
 
 
-def _positive_int(text):
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError("must be at least 1")
-    return value
-
-
 def build_parser():
     p = argparse.ArgumentParser(prog="python -m export", description=__doc__.split("\n\n")[0])
     p.add_argument("--run", required=True, metavar="DIR",
@@ -211,7 +202,7 @@ def build_parser():
                    help="where versioned models go, as models/NAME/N/ (default: %(default)s)")
     p.add_argument("--name", default=DEFAULT_MODEL_NAME,
                    help="model name, TF Serving's MODEL_NAME (default: %(default)s)")
-    p.add_argument("--version", type=_positive_int,
+    p.add_argument("--version", type=positive_int,
                    help="version number to write; never overwrites one (default: the next free number)")
     p.add_argument("--skip-if-exported", action="store_true",
                    help="do nothing when a version under MODEL_DIR/NAME already holds these weights")

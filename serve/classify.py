@@ -10,6 +10,7 @@ import dataclasses
 import numpy as np
 
 from contract import OUTPUT_CLASS_IDS, OUTPUT_CLASS_NAMES, OUTPUT_PROBABILITIES
+from contract.ranking import top_k as rank
 from serve import images
 from serve.errors import ServeError
 
@@ -84,10 +85,9 @@ class Classifier:
             self._on_images(len(good))
         probabilities = np.asarray(outputs[OUTPUT_PROBABILITIES])
         names = label_names(meta, outputs, probabilities.shape[1])
-        k = min(top_k, probabilities.shape[1])
-        order = np.argsort(-probabilities, axis=1, kind="stable")[:, :k]
+        order, best = rank(probabilities, top_k)
         # One conversion for the whole batch, not one per image: it is most of the per-image cost here.
-        top_probabilities = float32_list(np.take_along_axis(probabilities, order, axis=1))
+        top_probabilities = float32_list(best)
         for row, index in enumerate(good):
             ranked = [
                 {"label": names[c], "class_id": c, "probability": p}

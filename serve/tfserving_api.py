@@ -18,7 +18,7 @@ from flask import Blueprint, current_app, jsonify
 from werkzeug.routing import BaseConverter
 
 from contract import CHANNELS, IMAGE_SIZE, INPUT_BYTES, INPUT_PIXELS, SIGNATURE_BYTES, SIGNATURE_PIXELS
-from serve import bodies, signatures
+from serve import bodies, served, signatures
 from serve import images as imaging
 from serve.classify import float32_list
 from serve.errors import ServeError, check_image_count
@@ -45,17 +45,13 @@ def _error(e):
     return jsonify(error=str(e)), e.status
 
 
-def _check_name(name):
-    if name != current_app.config["MODEL_NAME"]:
-        raise ServeError(f"Servable not found for request: Latest({name})", 404)
-
-
 def _meta(name, version):
-    _check_name(name)
-    meta = current_app.extensions["serve.backend"].metadata()
-    if version is not None and version not in meta["versions"]:
-        raise ServeError(f"Servable not found for request: Specific({name}, {version})", 404)
-    return meta
+    """Metadata, or TF Serving's own 404 wording for a model or version it does not serve."""
+    return served.metadata(
+        name, version,
+        unknown_model=lambda name: f"Servable not found for request: Latest({name})",
+        unknown_version=lambda name, version, versions: f"Servable not found for request: Specific({name}, {version})",
+    )
 
 
 @bp.get("/<model:name>")

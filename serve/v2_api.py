@@ -16,7 +16,7 @@ import json
 from flask import Blueprint, Response, current_app, jsonify
 
 from contract import INPUT_PIXELS, OUTPUT_CLASS_IDS, OUTPUT_CLASS_NAMES, OUTPUT_PROBABILITIES, SIGNATURE_PIXELS
-from serve import signatures
+from serve import served, signatures
 from serve.errors import ServeError
 from serve.v2_request import HEADER_LENGTH, INPUTS, Binary, read_body, read_input, requested_outputs
 from serve.v2_response import classification, output_tensors, to_binary, to_json
@@ -130,14 +130,14 @@ def tensor(key, datatype, shape):
 
 
 def _meta(name, version):
-    """The backend's metadata, after a 404 for a model or version this server does not serve."""
-    if name != current_app.config["MODEL_NAME"]:
-        raise ServeError(f"unknown model {name!r}; this server serves {current_app.config['MODEL_NAME']!r}", 404)
-    meta = current_app.extensions["serve.backend"].metadata()
-    if version is not None and version not in [str(v) for v in meta["versions"]]:
-        available = ", ".join(str(v) for v in meta["versions"])
-        raise ServeError(f"model {name!r} has no version {version!r} (available: {available})", 404)
-    return meta
+    """The backend's metadata, after a 404 in this protocol's words for a model or version this server does not serve."""
+    return served.metadata(
+        name, version,
+        unknown_model=lambda name: f"unknown model {name!r}; this server serves {current_app.config['MODEL_NAME']!r}",
+        unknown_version=lambda name, version, versions: (
+            f"model {name!r} has no version {version!r} (available: {', '.join(str(v) for v in versions)})"
+        ),
+    )
 
 
 def _num_classes(meta):

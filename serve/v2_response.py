@@ -6,6 +6,7 @@ import struct
 import numpy as np
 
 from contract import OUTPUT_CLASS_IDS, OUTPUT_CLASS_NAMES, OUTPUT_PROBABILITIES
+from contract.ranking import top_k
 from serve.classify import float32_list, label_names
 
 _LITTLE_ENDIAN = {"FP32": "<f4", "INT64": "<i8"}
@@ -34,9 +35,9 @@ def classification(meta, outputs, tensors, k):
     """The classification extension: BYTES ``[N, k]`` of ``"<probability>:<class id>:<label>"``, best first."""
     probabilities = tensors[OUTPUT_PROBABILITIES][1]
     names = label_names(meta, outputs, probabilities.shape[1])
-    k = min(k, probabilities.shape[1])
-    order = np.argsort(-probabilities, axis=1, kind="stable")[:, :k]
-    values = float32_list(np.take_along_axis(probabilities, order, axis=1))
+    order, best = top_k(probabilities, k)
+    k = order.shape[1]
+    values = float32_list(best)
     rows = [
         [f"{p}:{c}:{names[c]}".encode() for p, c in zip(row_values, row_ids)]
         for row_values, row_ids in zip(values, order.tolist())

@@ -11,6 +11,7 @@ import sys
 import tarfile
 import zipfile
 
+from contract.arguments import int_at_least, positive_int
 from train import trainer
 
 
@@ -22,22 +23,6 @@ def _profile_steps(text):
     if not 0 < first <= last:
         raise argparse.ArgumentTypeError("expected 0 < A <= B")
     return first, last
-
-
-def _int_at_least(minimum):
-    def parse(text):
-        try:
-            value = int(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
-        if value < minimum:
-            raise argparse.ArgumentTypeError(f"must be at least {minimum}")
-        return value
-
-    return parse
-
-
-_positive_int = _int_at_least(1)
 
 
 def build_parser():
@@ -53,8 +38,8 @@ def build_parser():
     p.add_argument("--backend", choices=BACKENDS, default="auto",
                    help="Keras backend: jax (TPUs, GPUs, CPU), tensorflow, or auto: $KERAS_BACKEND if set, "
                         "else jax on a TPU host and tensorflow elsewhere (default: %(default)s)")
-    p.add_argument("--epochs", type=_positive_int, help="passes over the training set (default: the model's recipe)")
-    p.add_argument("--batch-size", type=_positive_int,
+    p.add_argument("--epochs", type=positive_int, help="passes over the training set (default: the model's recipe)")
+    p.add_argument("--batch-size", type=positive_int,
                    help="images per replica per step; the global batch is this times the replicas "
                         "(default: the recipe's, 128 for seed_cnn as in the seed tutorial)")
     p.add_argument("--learning-rate", type=float,
@@ -62,16 +47,16 @@ def build_parser():
     p.add_argument("--schedule", choices=SCHEDULES, help="learning-rate schedule (default: the recipe's)")
     p.add_argument("--augment", action=argparse.BooleanOptionalAction,
                    help="random crop after padding (--crop-padding) and horizontal flip (default: the recipe's)")
-    p.add_argument("--crop-padding", type=_int_at_least(0), metavar="PIXELS",
+    p.add_argument("--crop-padding", type=int_at_least(0), metavar="PIXELS",
                    help="with --augment: reflection padding before the random crop; 0 flips only (default: 4)")
     p.add_argument("--label-smoothing", type=float, help="label smoothing, 0-1 (default: the recipe's)")
     p.add_argument("--precision", choices=PRECISIONS, default="auto",
                    help="auto: bfloat16 on TPU and on CPUs with bf16 units, float16 on GPUs (default: %(default)s)")
     p.add_argument("--tpu", nargs="?", const="auto", default="auto",
                    help="'auto' (use a TPU when present), 'none', 'local' (TPU VM, Colab), a TPU name or grpc:// address")
-    p.add_argument("--steps-per-execution", type=_positive_int,
+    p.add_argument("--steps-per-execution", type=positive_int,
                    help=f"steps per compiled call (default: {trainer.TPU_STEPS_PER_EXECUTION} on TPU, 1 elsewhere)")
-    p.add_argument("--validation-freq", type=_positive_int, default=1, metavar="N",
+    p.add_argument("--validation-freq", type=positive_int, default=1, metavar="N",
                    help="evaluate on the test split every N epochs; the run's test accuracy is measured at the "
                         "end either way (default: every epoch)")
     p.add_argument("--profile-steps", type=_profile_steps, metavar="A,B",
