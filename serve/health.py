@@ -33,12 +33,20 @@ class Readiness:
 
     def check(self):
         """The served version; raises the probe's ``ServeError`` (503) when it failed."""
+        if not getattr(self._backend, "loaded", True):
+            # Still loading: the answer (503) costs no model call, and must turn to 200 the
+            # moment the model is in, not up to a second later.
+            return self._unwrap(self._probe())
         with self._lock:  # one probe at a time; the others wait for its result
             now = self._clock()
             if self._checked_at is None or now - self._checked_at >= self._interval_s:
                 self._result = self._probe()
                 self._checked_at = self._clock()
             result = self._result
+        return self._unwrap(result)
+
+    @staticmethod
+    def _unwrap(result):
         if isinstance(result, ServeError):
             raise result
         return result

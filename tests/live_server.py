@@ -13,6 +13,9 @@ import pytest
 import requests
 
 STARTUP_TIMEOUT_S = 120
+#: /readyz answers in a row, each on a new connection, before a server counts as ready: one answer
+#: comes from one worker, and the others may still be loading their model.
+READY_IN_A_ROW = 8
 
 
 def free_port():
@@ -36,7 +39,8 @@ def start_server(model_dir, extra_env=None, args=()):
         if process.poll() is not None:
             raise RuntimeError(f"server exited with code {process.returncode} before it was ready")
         try:
-            if requests.get(f"{url}/readyz", timeout=10).status_code == 200:
+            if all(requests.get(f"{url}/readyz", timeout=10, headers={"Connection": "close"}).status_code == 200
+                   for _ in range(READY_IN_A_ROW)):
                 return process, url
         except (requests.ConnectionError, requests.Timeout):
             pass  # not listening yet, or still loading the model

@@ -234,3 +234,17 @@ def test_metrics_take_the_api_keys_when_they_have_none_of_their_own():
     assert client.get("/metrics", headers={"X-API-Key": "k"}).status_code == 200
     open_server = create_app({"MODEL_NAME": "cifar10"}, backend=_Backend()).test_client()
     assert open_server.get("/metrics").status_code == 200  # no keys at all: open, as before
+
+
+def test_a_backend_still_loading_is_probed_again_at_once():
+    """No model call is spent while loading, so that answer is not kept: ready the moment the model is in."""
+    from serve.health import Readiness
+
+    backend = _Backend()
+    backend.loaded = False
+    backend.fail = True
+    readiness = Readiness(backend, interval_s=3600)
+    with pytest.raises(Exception, match="went away"):
+        readiness.check()
+    backend.loaded, backend.fail = True, False
+    assert readiness.check() == 7

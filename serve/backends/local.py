@@ -162,6 +162,11 @@ class LocalBackend:
                 logging.getLogger(__name__).exception("on_load hook failed")
 
     @property
+    def loaded(self):
+        """Whether a version is loaded (until then ``ready()`` answers 503 without a model call)."""
+        return self._state is not None
+
+    @property
     def batch_sizes(self):
         """How many batches of each size the model ran (empty until loaded)."""
         return self._state["batcher"].batch_sizes if self._state else {}
