@@ -59,6 +59,7 @@ ENV PATH=/opt/venv/bin:$PATH \
     SERVE_BACKEND=local \
     SERVE_RUNTIME=litert \
     PORT=8000 \
+    MALLOC_ARENA_MAX=2 \
     PROMETHEUS_MULTIPROC_DIR=/tmp/prometheus
 WORKDIR /srv
 USER 10001:10001

@@ -119,6 +119,7 @@ def serve_round(name, model_dir, bodies, args, logdir):
     if name == FLOOR:
         argv = [sys.executable, "-m", "gunicorn", "-c", "python:serve.gunicorn_conf", "bench.hello_app:create_app()"]
         env.update(HOST="127.0.0.1", PORT=str(port))
+        env.setdefault("MALLOC_ARENA_MAX", "2")  # as python -m serve sets it for the model's servers
         runs = FLOOR_RUNS
     else:
         argv = [sys.executable, "-m", "serve", "--model-dir", model_dir, "--host", "127.0.0.1", "--port", str(port)]

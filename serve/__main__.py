@@ -54,6 +54,8 @@ def main(argv=None):
         print(configured.describe())
         return 0
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    # glibc reads it when the exec'd process starts (serve/gunicorn_conf.py says why 2).
+    os.environ.setdefault("MALLOC_ARENA_MAX", "2")
     # Safe: this interpreter with fixed arguments; no shell, and nothing from the user reaches argv.
     os.execv(sys.executable, [sys.executable, "-m", "gunicorn", *GUNICORN_ARGS])  # nosec B606
 

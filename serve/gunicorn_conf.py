@@ -55,18 +55,17 @@ else:
 # glibc gives every thread that allocates its own malloc arena (up to 8 per core): under a
 # minute of mixed uploads from 64 clients the workers' resident memory grew by a third and was
 # still creeping after two minutes; with two arenas it grew 5% and levelled off (bench/soak.py,
-# docs/benchmarks.md). MALLOC_ARENA_MAX in the environment, which glibc reads itself, wins.
+# docs/benchmarks.md). glibc reads MALLOC_ARENA_MAX from the environment when a process starts,
+# before any Python runs, so it is set where the process is started: `python -m serve` sets 2
+# unless it is given, and so does the image. Here it can only be noticed missing.
 MALLOC_ARENAS = 2
 
 
-def post_fork(server, worker):
-    if _settings.malloc_arena_max is None:
-        _limit_malloc_arenas(MALLOC_ARENAS)
-
-
 def post_worker_init(worker):
-    # gunicorn answers requests it cannot parse (400, 414, 431...) itself, in HTML, and offers no
-    # setting for the format; every other error of this server is JSON, so these are too.
+    # gunicorn answers requests it cannot parse (400, 414, 431...) itself, in HTML, before any
+    # WSGI app or middleware sees them, and has no setting, hook or documented way to change that
+    # page: replacing util.write_error, which its workers call for it, is the only way. Every
+    # other error of this server is JSON, so these are too (tests/test_hostile.py checks each).
     from gunicorn import util
 
     util.write_error = _write_json_error
@@ -86,20 +85,13 @@ def _write_json_error(sock, status_int, reason, mesg):
     util.write_nonblock(sock, head.encode("latin-1") + body)
 
 
-def _limit_malloc_arenas(count):
-    import ctypes
-
-    try:
-        mallopt = ctypes.CDLL(None).mallopt
-    except (OSError, AttributeError):  # not glibc (musl, macOS): nothing to limit
-        return
-    mallopt(-8, count)  # M_ARENA_MAX, before the worker starts its threads
-
-
 def when_ready(server):
     host, _, port = bind.rpartition(":")
     browsable = "localhost" if host in ("0.0.0.0", "::", "[::]", "") else host  # nosec B104  # a comparison, binds nothing
     server.log.info("listening on %s; open http://%s:%s/ (ready when /readyz says so)", bind, browsable, port)
+    if _settings.malloc_arena_max is None:
+        server.log.warning("MALLOC_ARENA_MAX is not set: each worker's threads may fill %d malloc arenas a core and "
+                           "grow; start with python -m serve, or set MALLOC_ARENA_MAX=%d", 8, MALLOC_ARENAS)
 
 
 def child_exit(server, worker):
