@@ -31,6 +31,7 @@ OF OR IN CONNECTION WITH THE SOFTWARE OR THE USE OR OTHER DEALINGS IN THE SOFTWA
 import argparse
 import io
 import json
+import os
 import time
 import zipfile
 from math import ceil
@@ -66,12 +67,12 @@ CIFAR_STD = torch.tensor((0.2470, 0.2435, 0.2616))
 
 
 def load_split(archive, split):
-    """(images uint8 NHWC, labels int64) for one split of a zip of class folders of JPEGs."""
-    names = sorted(n for n in archive.namelist() if n.startswith(f"{split}/") and n.endswith(".jpg"))
+    """(images uint8 NHWC, labels int64, classes, file names) for one split of a zip of class folders of JPEGs or PNGs."""
+    names = sorted(n for n in archive.namelist() if n.startswith(f"{split}/") and n.endswith((".jpg", ".png")))
     classes = sorted({n.split("/")[1] for n in names})
     images = np.stack([np.asarray(Image.open(io.BytesIO(archive.read(n))).convert("RGB")) for n in names])
     labels = np.array([classes.index(n.split("/")[1]) for n in names])
-    return torch.from_numpy(images), torch.from_numpy(labels), classes
+    return torch.from_numpy(images), torch.from_numpy(labels), classes, names
 
 
 def normalize(images):
@@ -323,14 +324,18 @@ def train(train_loader, test_loader, val_each_epoch=False):
 
     train_seconds = time.perf_counter() - start
     val_acc = evaluate(model, test_loader, tta_level=0)
-    tta_val_acc = evaluate(model, test_loader, tta_level=hyp["net"]["tta_level"])
+    predicted = infer(model, test_loader, hyp["net"]["tta_level"]).argmax(1)
+    tta_val_acc = (predicted == test_loader.labels).float().mean().item()
     return {"val_acc": val_acc, "tta_val_acc": tta_val_acc, "steps": current_steps,
-            "train_seconds": round(train_seconds, 1), "total_seconds": round(time.perf_counter() - start, 1)}
+            "train_seconds": round(train_seconds, 1), "total_seconds": round(time.perf_counter() - start, 1),
+            "predicted": predicted.tolist()}
 
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--data", required=True, help="zip of train/<class>/*.jpg and test/<class>/*.jpg")
+    parser.add_argument("--data", required=True, help="zip of train/<class>/*.jpg|png and test/<class>/*.jpg|png")
+    parser.add_argument("--predictions", help="write each run's class for every test file to this JSON "
+                        "(bench/accuracy_of_record.py compares it with an exported model on the same images)")
     parser.add_argument("--runs", type=int, default=1)
     parser.add_argument("--threads", type=int, default=None, help="torch intra-op threads (default: torch's)")
     parser.add_argument("--seed", type=int, default=0)
@@ -340,8 +345,8 @@ def main():
         torch.set_num_threads(args.threads)
     torch.manual_seed(args.seed)
     with zipfile.ZipFile(args.data) as archive:
-        train_images, train_labels, classes = load_split(archive, "train")
-        test_images, test_labels, _ = load_split(archive, "test")
+        train_images, train_labels, classes, _ = load_split(archive, "train")
+        test_images, test_labels, _, test_names = load_split(archive, "test")
     print(json.dumps({"train": len(train_labels), "test": len(test_labels), "classes": classes,
                       "torch": torch.__version__, "threads": torch.get_num_threads()}), flush=True)
     train_loader = CifarLoader(train_images, train_labels, train=True, batch_size=hyp["opt"]["batch_size"],
@@ -351,7 +356,12 @@ def main():
     for run in range(args.runs):
         train_loader.epoch = 0
         results.append(train(train_loader, test_loader, args.val_each_epoch))
-        print(json.dumps({"run": run, **results[-1]}), flush=True)
+        print(json.dumps({"run": run, **{k: v for k, v in results[-1].items() if k != "predicted"}}), flush=True)
+        if args.predictions:  # rewritten after every run, so a run that finished is never lost
+            with open(args.predictions, "w") as f:
+                json.dump({"data": os.path.basename(args.data), "seed": args.seed, "classes": classes, "runs": [
+                    {"tta_val_acc": r["tta_val_acc"], "train_seconds": r["train_seconds"],
+                     "predicted": dict(zip(test_names, (classes[c] for c in r["predicted"])))} for r in results]}, f)
     accs = np.array([r["tta_val_acc"] for r in results])
     print(json.dumps({"runs": len(accs), "tta_val_acc_mean": float(accs.mean()),
                       "tta_val_acc_std": float(accs.std(ddof=1)) if len(accs) > 1 else None}), flush=True)

@@ -78,7 +78,7 @@ def main():
     if args.threads:
         torch.set_num_threads(args.threads)
     with zipfile.ZipFile(args.data) as archive:
-        images, labels, _ = reference.load_split(archive, "train")
+        images, labels, _, _ = reference.load_split(archive, "train")
     trace(images, labels, args.steps, args.batch, args.seed, args.out)
 
 

@@ -1,0 +1,141 @@
+"""Accuracy of record: an exported model on every runtime, scored on a zip's test images, with its
+95% Wilson interval, and compared image by image with another model on the same images (McNemar).
+
+Typical usage::
+
+    python bench/accuracy_of_record.py --data ../shared/data/cifar10-png.zip \\
+        --model-dir models/airbench-png/cifar10 --json bench/results/airbench-png-s0.json
+    # against airbench94's own code, from bench/airbench94_reference.py --predictions ref.json:
+    python bench/accuracy_of_record.py --data ../shared/data/cifar10-png.zip \\
+        --model-dir models/airbench-png/cifar10 --compare ref.json
+
+The test images are decoded by ``contract.pixels.to_rgb32``, as training's loaders and the server
+decode them, in the zip's sorted order. Every figure is on the same images: each runtime's, the
+other model's, and the comparison's.
+"""
+
+import argparse
+import io
+import json
+import math
+import os
+import sys
+import zipfile
+
+import numpy as np
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+
+Z_95 = 1.959963984540054
+
+
+def wilson(correct, total, z=Z_95):
+    """The Wilson score interval ``(low, high)`` of a proportion ``correct / total``."""
+    if total == 0:
+        return float("nan"), float("nan")
+    p = correct / total
+    centre = (p + z * z / (2 * total)) / (1 + z * z / total)
+    half = z / (1 + z * z / total) * math.sqrt(p * (1 - p) / total + z * z / (4 * total * total))
+    return centre - half, centre + half
+
+
+def mcnemar(first_right, second_right):
+    """``(only the first right, only the second right, two-sided exact p)`` for paired answers on the same images."""
+    first_right, second_right = np.asarray(first_right, bool), np.asarray(second_right, bool)
+    b = int(np.sum(first_right & ~second_right))
+    c = int(np.sum(~first_right & second_right))
+    n = b + c
+    if n == 0:
+        return b, c, 1.0
+    tail = sum(math.comb(n, i) for i in range(0, min(b, c) + 1)) / 2**n
+    return b, c, min(1.0, 2 * tail)
+
+
+def test_split(zip_path):
+    """``(file names, uint8 images [N, 32, 32, 3], labels, class names)`` of the zip's test split, sorted by name."""
+    from PIL import Image
+
+    from contract.pixels import to_rgb32
+
+    with zipfile.ZipFile(zip_path) as archive:
+        names = sorted(n for n in archive.namelist() if n.startswith("test/") and n.lower().endswith((".png", ".jpg", ".jpeg")))
+        classes = sorted({n.split("/")[1] for n in names})
+        images = []
+        for name in names:
+            with Image.open(io.BytesIO(archive.read(name))) as image:
+                images.append(to_rgb32(image))
+    labels = np.array([classes.index(n.split("/")[1]) for n in names])
+    return names, np.stack(images), labels, classes
+
+
+def score(version_dir, images, labels, names, classes):
+    """``{runtime: result}`` for every runtime whose model ``version_dir`` holds."""
+    from contract import OUTPUT_PROBABILITIES
+    from serve import runtimes
+
+    results = {}
+    for runtime in runtimes.RUNTIMES:
+        if not os.path.isfile(os.path.join(version_dir, runtimes.MODEL_FILES[runtime])):
+            continue
+        model = runtimes.load(runtime, version_dir, len(os.sched_getaffinity(0)))
+        probabilities = np.concatenate([
+            np.asarray(model.pixels(images[i:i + 250])[OUTPUT_PROBABILITIES]) for i in range(0, len(images), 250)])
+        predicted = probabilities.argmax(1)
+        correct = int(np.sum(predicted == labels))
+        low, high = wilson(correct, len(labels))
+        results[runtime] = {
+            "accuracy": correct / len(labels), "correct": correct, "images": len(labels),
+            "wilson_95": [round(low, 4), round(high, 4)],
+            "predicted": {name: classes[c] for name, c in zip(names, predicted.tolist())},
+        }
+    return results
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--data", required=True, help="zip of test/<class>/ images (e.g. ../shared/data/cifar10-png.zip)")
+    p.add_argument("--model-dir", required=True, help="models/NAME (its highest version) or a version directory N/")
+    p.add_argument("--json", help="write every runtime's result and per-image classes here")
+    p.add_argument("--compare", action="append", default=[], metavar="PREDICTIONS.json",
+                   help="per-image classes of another model on the same images (this script's --json, or "
+                        "bench/airbench94_reference.py --predictions): McNemar against each of its runs")
+    args = p.parse_args(argv)
+    version_dir = args.model_dir
+    if not os.path.isfile(os.path.join(version_dir, "saved_model.pb")):
+        versions = sorted(int(v) for v in os.listdir(version_dir) if v.isdigit())
+        if not versions:
+            raise SystemExit(f"error: no version directories under {version_dir}")
+        version_dir = os.path.join(version_dir, str(versions[-1]))
+    names, images, labels, classes = test_split(args.data)
+    results = score(version_dir, images, labels, names, classes)
+    print(f"{len(names)} test images of {args.data}; model {version_dir}")
+    print("| runtime | accuracy | 95% Wilson interval |")
+    print("|---|---:|---|")
+    for runtime, r in results.items():
+        print(f"| {runtime} | {r['accuracy']:.2%} ({r['correct']}/{r['images']}) | "
+              f"{r['wilson_95'][0]:.2%} - {r['wilson_95'][1]:.2%} |")
+    if args.json:
+        os.makedirs(os.path.dirname(os.path.abspath(args.json)), exist_ok=True)
+        with open(args.json, "w") as f:
+            json.dump({"data": os.path.basename(args.data), "version_dir": version_dir, **results}, f)
+    truth = dict(zip(names, (classes[c] for c in labels)))
+    ours = results.get("savedmodel") or next(iter(results.values()))
+    ours_right = [ours["predicted"][n] == truth[n] for n in names]
+    for path in args.compare:
+        with open(path) as f:
+            other = json.load(f)
+        runs = other.get("runs") or [{"predicted": r["predicted"]} for r in other.values() if isinstance(r, dict) and "predicted" in r]
+        for i, run in enumerate(runs):
+            missing = [n for n in names if n not in run["predicted"]]
+            if missing:
+                raise SystemExit(f"error: {path} run {i} has no class for {len(missing)} of these images (e.g. {missing[0]})")
+            other_right = [run["predicted"][n] == truth[n] for n in names]
+            b, c, p_value = mcnemar(ours_right, other_right)
+            print(f"vs {path} run {i}: ours {np.mean(ours_right):.2%}, theirs {np.mean(other_right):.2%}; "
+                  f"only ours right {b}, only theirs right {c}; McNemar exact p = {p_value:.3g}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
