@@ -5,7 +5,8 @@ them (``KERAS_DISTRIBUTION_*`` on localhost), each with ``--devices`` host CPU d
 (``XLA_FLAGS=--xla_force_host_platform_device_count``), and prints one JSON line: images per second
 over the epochs after the first (which compiles), and the run's test accuracy.
 
-    python bench/multiprocess_scaling.py --data DIR --processes 2 --global-batch 128 --epochs 3
+    python bench/multiprocess_scaling.py --data ../shared/data/cifar10-png.zip --per-class 500,100 \
+        --processes 2 --global-batch 128 --epochs 3
 
 Every process here shares the machine's cores, so this measures what the collectives and the extra
 processes cost, not a speed-up: on separate hosts each process would have its own cores.
@@ -19,13 +20,17 @@ import socket
 import subprocess
 import sys
 import tempfile
+import zipfile
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def main():
     p = argparse.ArgumentParser()
-    p.add_argument("--data", required=True)
+    p.add_argument("--data", required=True, help="what python -m train reads, or the .zip --per-class slices")
+    p.add_argument("--per-class", metavar="TRAIN,TEST",
+                   help="train on the first TRAIN training and TEST test images of each class of a .zip of "
+                        "train/<class>/ and test/<class>/ images (in the zip's order), written to a temporary folder")
     p.add_argument("--processes", type=int, default=1)
     p.add_argument("--devices", type=int, default=1, help="host CPU devices per process")
     p.add_argument("--global-batch", type=int, default=128)
@@ -37,6 +42,8 @@ def main():
     args = p.parse_args()
 
     replicas = args.processes * args.devices
+    if args.per_class:
+        args.data = slice_zip(args.data, *(int(n) for n in args.per_class.split(",")))
     assert args.global_batch % replicas == 0, "the global batch must split over the replicas"
     with socket.socket() as s:
         s.bind(("localhost", 0))
@@ -74,6 +81,25 @@ def main():
         "test_accuracy": manifest["metrics"]["test_accuracy"], "test_images": manifest["metrics"]["test_images"],
         "output": output,
     }), flush=True)
+
+
+def slice_zip(path, train, test):
+    """The first ``train`` / ``test`` images of each class of ``path``, as a folder tree; returns its path."""
+    root = tempfile.mkdtemp(prefix="mp-slice-")
+    wanted, taken = {"train": train, "test": test}, {}
+    with zipfile.ZipFile(path) as archive:
+        for name in archive.namelist():
+            parts = name.split("/")
+            if len(parts) < 3 or not parts[-1] or parts[-3] not in wanted:
+                continue
+            key = (parts[-3], parts[-2])
+            if taken.get(key, 0) >= wanted[parts[-3]]:
+                continue
+            taken[key] = taken.get(key, 0) + 1
+            os.makedirs(os.path.join(root, *key), exist_ok=True)
+            with open(os.path.join(root, *key, parts[-1]), "wb") as f:
+                f.write(archive.read(name))
+    return root
 
 
 if __name__ == "__main__":
