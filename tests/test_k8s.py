@@ -432,7 +432,7 @@ def test_tfserving_runs_as_compose_runs_it(rendered):
     default = lambda value: re.sub(r"\$\{[A-Z_]+:-([^}]*)\}", r"\1", value)  # noqa: E731  compose's ${X:-default}
     assert env_of(tfs) == {k: default(v) for k, v in composed["environment"].items()}
     ports = {p["name"]: p["containerPort"] for p in tfs["ports"]}
-    assert set(ports.values()) == {int(p.split(":")[-1]) for p in composed["ports"]}
+    assert set(ports.values()) == {int(p) for p in composed["expose"]}  # the ports it serves, on the internal network
 
 
 def test_tfserving_config_files_are_mounted_where_its_flags_point(rendered):
