@@ -53,7 +53,9 @@ def build_parser():
     p.add_argument("--precision", choices=PRECISIONS, default="auto",
                    help="auto: bfloat16 on TPU and on CPUs with bf16 units, float16 on GPUs (default: %(default)s)")
     p.add_argument("--tpu", nargs="?", const="auto", default="auto",
-                   help="'auto' (use a TPU when present), 'none', 'local' (TPU VM, Colab), a TPU name or grpc:// address")
+                   help="TPUs are JAX's: 'auto' (JAX trains on the TPU when it finds one), 'none', or 'local' "
+                        "(TPU VM, Colab: an error unless JAX's devices are TPUs); under --backend tensorflow only "
+                        "'auto' and 'none' (default: %(default)s)")
     p.add_argument("--steps-per-execution", type=positive_int,
                    help=f"steps per compiled call (default: {trainer.TPU_STEPS_PER_EXECUTION} on TPU, 1 elsewhere)")
     p.add_argument("--validation-freq", type=positive_int, default=1, metavar="N",
