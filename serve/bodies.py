@@ -16,6 +16,13 @@ Two ways a body used to end as a 500, closed here for every route, present and f
   vanished mid-body. gunicorn's reader raises its own exceptions from ``wsgi.input``; the
   input is wrapped so that any of them becomes werkzeug's ``BadRequest``, which the app's
   error handler answers like every other 400.
+
+A refusal that comes before the body is read (401, 429, a 415 for the content type) leaves that
+body on the socket. gunicorn 27 drains at most 64 KiB of it after the answer, which has already
+announced keep-alive, and closes the connection when there is more: the client's next request
+on it then finds the connection gone. So a body of up to :data:`DRAIN_LIMIT` bytes that a
+refused request left unread is read here, as the server would have read a good request's; a
+larger one still closes the connection.
 """
 
 import json
@@ -26,6 +33,8 @@ from flask.json.provider import DefaultJSONProvider
 from werkzeug.exceptions import BadRequest, HTTPException
 
 NESTED_TOO_DEEPLY = "nested too deeply"
+#: Most bytes of a refused request's unread body read before answering, so its connection stays usable.
+DRAIN_LIMIT = 1024 * 1024
 _JSON_PACKAGE = os.path.dirname(json.__file__) + os.sep
 
 
@@ -53,6 +62,19 @@ def init_app(app):
     app.json = JSONProvider(app)
     app.register_error_handler(RecursionError, _recursion_error)
     app.wsgi_app = _GuardedInputMiddleware(app.wsgi_app)
+    app.after_request(_drain_refused_body)
+
+
+def _drain_refused_body(response):
+    """Read what a refused request left of its body (up to DRAIN_LIMIT), so keep-alive holds."""
+    length = request.content_length
+    if response.status_code >= 400 and length and length <= DRAIN_LIMIT:
+        try:
+            while request.stream.read(65536):
+                pass
+        except Exception:  # nosec B110  # an unreadable rest only means the connection closes, as without this
+            pass
+    return response
 
 
 def _recursion_error(e):

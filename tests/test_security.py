@@ -399,6 +399,47 @@ def test_the_image_cap_holds_through_gunicorn_on_every_route(secured):
         key = fresh_key()  # each route with a budget of its own client, so the limit is not what answers
 
 
+@pytest.mark.parametrize("size", [200_000, 900_000])
+def test_a_refused_body_leaves_the_connection_usable(secured, size):
+    """A 401 answers before the body is read; the connection it announced as kept alive must stay so.
+
+    gunicorn drains at most 64 KiB of an unread body and closes the connection when there is more,
+    after an answer that said keep-alive: the client's next request on it then finds it gone.
+    """
+    import socket
+    from urllib.parse import urlsplit
+
+    where = urlsplit(secured)
+    body = b"x" * size
+    head = (f"POST /api/v1/predict HTTP/1.1\r\nHost: {where.netloc}\r\nContent-Type: application/json\r\n"
+            f"Content-Length: {len(body)}\r\n\r\n").encode()
+    with socket.create_connection((where.hostname, where.port), timeout=60) as sock:
+        sock.sendall(head + body)
+        first = _read_response(sock)
+        assert first.startswith(b"HTTP/1.1 401") and b"connection: close" not in first.lower()
+        sock.sendall(f"GET /healthz HTTP/1.1\r\nHost: {where.netloc}\r\n\r\n".encode())
+        second = _read_response(sock)
+        assert second.startswith(b"HTTP/1.1 200"), second[:200]
+
+
+def _read_response(sock):
+    """One whole HTTP/1.1 response with a Content-Length (b"" if the server closed the connection)."""
+    data = b""
+    while b"\r\n\r\n" not in data:
+        chunk = sock.recv(65536)
+        if not chunk:
+            return data
+        data += chunk
+    head, _, rest = data.partition(b"\r\n\r\n")
+    length = int(re.search(rb"(?i)content-length: *(\d+)", head).group(1))
+    while len(rest) < length:
+        chunk = sock.recv(65536)
+        if not chunk:
+            break
+        rest += chunk
+    return head + b"\r\n\r\n" + rest
+
+
 def test_a_limit_recovers_when_its_window_has_passed(monkeypatch):
     """In-process, on a fake clock: the open routes' limit (SERVE_RATE_LIMIT_OPEN) refuses, then lets through."""
     import types
