@@ -28,8 +28,6 @@ class Readiness:
         self._lock = threading.Lock()
         self._checked_at = None
         self._result = None
-        #: How many probe predictions ran (tests read it).
-        self.probes = 0
 
     def check(self):
         """The served version; raises the probe's ``ServeError`` (503) when it failed."""
@@ -52,7 +50,6 @@ class Readiness:
         return result
 
     def _probe(self):
-        self.probes += 1
         try:
             return self._backend.ready()
         except ServeError as e:

@@ -53,6 +53,22 @@ def decode_many(datas, max_pixels=DEFAULT_MAX_PIXELS):
     return results
 
 
+def decode_all(datas, max_pixels, name_of):
+    """uint8 ``[N, 32, 32, 3]`` for a tensor of encoded images, where the first bad one fails the request.
+
+    ``name_of(index)`` names an element in the error, as the caller's protocol names it.
+    """
+    import numpy as np
+
+    results = decode_many(list(datas), max_pixels)
+    for index, result in enumerate(results):
+        if isinstance(result, ServeError):
+            raise ServeError(f"{name_of(index)} {result}", result.status)
+    if not results:
+        return np.zeros((0, IMAGE_SIZE, IMAGE_SIZE, CHANNELS), np.uint8)
+    return np.stack([pixels for pixels, _ in results])
+
+
 def _decode_plain_jpeg(data):
     """uint8 ``[32, 32, 3]`` pixels of a JPEG that Pillow would decode to the same, else None.
 

@@ -17,7 +17,7 @@ import numpy as np
 from flask import Blueprint, current_app, jsonify
 from werkzeug.routing import BaseConverter
 
-from contract import CHANNELS, IMAGE_SIZE, INPUT_BYTES, INPUT_PIXELS, SIGNATURE_BYTES, SIGNATURE_PIXELS
+from contract import INPUT_BYTES, INPUT_PIXELS, SIGNATURE_BYTES, SIGNATURE_PIXELS
 from serve import bodies, served, signatures
 from serve import images as imaging
 from serve.classify import float32_list
@@ -145,13 +145,7 @@ def _decode(datas):
     """uint8 pixels ``[N, 32, 32, 3]`` from ``predict_images``' encoded images; the first bad one fails the request."""
     if datas.ndim != 1:
         raise ServeError(f"input {INPUT_BYTES!r} must be a list of encoded images (shape [N]), got shape {list(datas.shape)}")
-    results = imaging.decode_many(datas.tolist(), current_app.config["MAX_PIXELS"])
-    for index, result in enumerate(results):
-        if isinstance(result, ServeError):
-            raise ServeError(f"{INPUT_BYTES}[{index}] {result}", result.status)
-    if not results:
-        return np.zeros((0, IMAGE_SIZE, IMAGE_SIZE, CHANNELS), np.uint8)
-    return np.stack([pixels for pixels, _ in results])
+    return imaging.decode_all(datas.tolist(), current_app.config["MAX_PIXELS"], lambda index: f"{INPUT_BYTES}[{index}]")
 
 
 def _to_array(key, value, dtype):

@@ -199,11 +199,7 @@ def _unpack_bytes(key, raw, count):
 
 def _decode(key, datas):
     """Encoded images to pixels with the decoder ``/api/v1/predict`` uses; the first bad one fails the request."""
-    results = imaging.decode_many(list(datas), current_app.config["MAX_PIXELS"])
-    for index, result in enumerate(results):
-        if isinstance(result, ServeError):
-            raise ServeError(f"input {key!r} element {index} {result}", result.status)
-    return np.stack([pixels for pixels, _ in results])
+    return imaging.decode_all(datas, current_app.config["MAX_PIXELS"], lambda index: f"input {key!r} element {index}")
 
 
 def requested_outputs(payload):
