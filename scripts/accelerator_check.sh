@@ -12,9 +12,10 @@
 #
 # Environment: DATA (default: cifar10, Keras's downloader), MODELS (default: "seed_cnn airbench"),
 # BACKENDS (default: "jax tensorflow"), EPOCHS and PRECISION (default: each recipe's, and auto),
-# SEEDS (default: 0), PYTHON (default: a new venv at VENV=.venv-gpu with the gpu extra and
-# tensorflow[and-cuda]), EXPORT (default: 1), RUNS (default: a new temporary folder), OUT (default:
-# accelerator-check.json).
+# SEEDS (default: 0), PYTHON (default: a new venv at VENV=.venv-gpu, made by python3, which must be
+# CPython 3.11 as the lock is, holding requirements/scripts/accelerator.txt: the gpu and export
+# extras and tensorflow[and-cuda]), EXPORT (default: 1), RUNS (default: a new temporary folder),
+# OUT (default: accelerator-check.json).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 DATA=${DATA:-cifar10}
@@ -30,9 +31,11 @@ mkdir -p "$RUNS"
 if [[ -z "${PYTHON:-}" ]]; then
     VENV=${VENV:-.venv-gpu}
     python3 -m venv "$VENV"
-    "$VENV/bin/python" -m pip install -q --upgrade pip
-    # JAX's CUDA 12 wheels, and TensorFlow with its own CUDA libraries for the TensorFlow backend.
-    "$VENV/bin/python" -m pip install -q -e ".[gpu,export]" "tensorflow[and-cuda]==2.21.0"
+    # The lock (README "Updating the lock"), each file checked against its hash: the gpu extra (JAX's
+    # CUDA 12 wheels), the export extra, and TensorFlow with its own CUDA libraries for the TensorFlow
+    # backend; then the project alone, resolving nothing.
+    "$VENV/bin/python" -m pip install -q --require-hashes -r requirements/scripts/accelerator.txt
+    "$VENV/bin/python" -m pip install -q --no-deps --no-build-isolation -e .
     PYTHON="$VENV/bin/python"
 fi
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader > "$RUNS/gpu.txt" 2>/dev/null \

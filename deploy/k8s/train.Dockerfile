@@ -7,10 +7,10 @@
 #   docker build -f deploy/k8s/train.Dockerfile -t cifar-train:0.1.0 .
 #   docker build -f deploy/k8s/train.Dockerfile --build-arg EXTRAS=gpu,export -t cifar-train:0.1.0-gpu .
 #
-# EXTRAS are pyproject.toml extras. The default, tpu,export, has TensorFlow (the tensorflow
-# backend and tf.data), JAX with libtpu (the jax backend, on TPUs and on CPUs) and the exporter;
-# gpu,export swaps libtpu for JAX's CUDA wheels. No data set and no run is part of the image: they
-# live on the shared volume mounted at /work.
+# EXTRAS are pyproject.toml extras, installed from their locks (requirements/EXTRA.txt). The
+# default, tpu,export, has TensorFlow (the tensorflow backend and tf.data), JAX with libtpu (the jax
+# backend, on TPUs and on CPUs) and the exporter; gpu,export swaps libtpu for JAX's CUDA wheels. No
+# data set and no run is part of the image: they live on the shared volume mounted at /work.
 
 ARG PYTHON_VERSION=3.11
 
@@ -21,11 +21,17 @@ ENV PIP_DISABLE_PIP_VERSION_CHECK=1
 RUN python -m venv /opt/venv
 ENV PATH=/opt/venv/bin:$PATH
 WORKDIR /src
+COPY requirements ./requirements
 COPY pyproject.toml README.md ./
 COPY contract ./contract
 COPY train ./train
 COPY export ./export
-RUN pip install --no-cache-dir "./[${EXTRAS}]"
+# The locked versions of every extra in EXTRAS (requirements/EXTRA.txt, README "Updating the lock":
+# they agree on every version they share), each file checked against its hash; then the project
+# alone, resolving nothing. "./" is spelled so hadolint sees a local path, not a package from an index.
+RUN IFS=, && for extra in ${EXTRAS}; do echo "-r requirements/${extra}.txt"; done > extras.txt \
+    && pip install --no-cache-dir --require-hashes -r extras.txt \
+    && pip install --no-cache-dir --no-deps --no-build-isolation "./[${EXTRAS}]"
 
 # --- runtime: the virtual environment and a non-root user ---------------------------------------
 FROM python:${PYTHON_VERSION}-slim-bookworm AS runtime
