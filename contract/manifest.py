@@ -59,6 +59,17 @@ class Samples:
 
 
 @dataclasses.dataclass
+class Holdout:
+    """Training images kept out of training (contract.HOLDOUT_FILE), for export's calibration."""
+
+    file: str
+    images: int
+    seed: int  # contract.confidence.holdout_indices's seed
+    indices_sha256: str  # of the int64 indices into the training split, as loaded
+    sha256: str
+
+
+@dataclasses.dataclass
 class Manifest:
     model: ModelSpec
     class_names: list
@@ -70,6 +81,7 @@ class Manifest:
     versions: dict  # library versions at training time
     created: str = ""
     samples: Samples = None  # None in format 1
+    holdout: Holdout = None  # None unless trained with --holdout
     export: dict = None  # added by export to the published copy
     extra: dict = dataclasses.field(default_factory=dict)  # sections this code does not know, kept as they are
     format: int = FORMAT
@@ -85,6 +97,8 @@ class Manifest:
                "versions": self.versions, "fingerprint": dataclasses.asdict(self.fingerprint)}
         if self.samples is not None:
             out["samples"] = dataclasses.asdict(self.samples)
+        if self.holdout is not None:
+            out["holdout"] = dataclasses.asdict(self.holdout)
         if self.export is not None:
             out["export"] = self.export
         out.update(self.extra)
@@ -114,6 +128,7 @@ class Manifest:
                 metrics=dict(raw["metrics"]),
                 versions=dict(raw.get("versions") or {}),
                 samples=_section(Samples, raw, "samples") if raw.get("samples") is not None else None,
+                holdout=_section(Holdout, raw, "holdout") if raw.get("holdout") is not None else None,
                 export=raw.get("export"),
                 extra={k: v for k, v in raw.items() if k not in known},
             )

@@ -11,7 +11,7 @@ import sys
 import tarfile
 import zipfile
 
-from contract.arguments import int_at_least, positive_int
+from contract.arguments import int_at_least, non_negative_int, positive_int
 from train import trainer
 
 
@@ -61,6 +61,10 @@ def build_parser():
     p.add_argument("--validation-freq", type=positive_int, default=1, metavar="N",
                    help="evaluate on the test split every N epochs; the run's test accuracy is measured at the "
                         "end either way (default: every epoch)")
+    p.add_argument("--holdout", type=non_negative_int, default=0, metavar="N",
+                   help="keep N training images (a fixed seeded choice) out of training, for export to calibrate "
+                        "the probabilities and choose the out-of-distribution threshold on (default: none; "
+                        "5000 is a tenth of CIFAR-10)")
     p.add_argument("--profile-steps", type=_profile_steps, metavar="A,B",
                    help="capture a TensorBoard profile of steps A to B")
     p.add_argument("--seed", type=int, default=0, help="random seed (default: %(default)s)")
@@ -94,7 +98,7 @@ def main(argv=None):
         learning_rate=args.learning_rate, schedule=args.schedule, augment=args.augment,
         crop_padding=args.crop_padding, label_smoothing=args.label_smoothing, precision=args.precision, tpu=args.tpu,
         steps_per_execution=args.steps_per_execution, validation_freq=args.validation_freq,
-        profile_steps=args.profile_steps, seed=args.seed,
+        profile_steps=args.profile_steps, seed=args.seed, holdout=args.holdout,
         overwrite=args.overwrite,
         # A progress bar on a terminal; one line per epoch in a log file.
         verbose=0 if args.quiet else (1 if sys.stdout.isatty() else 2),

@@ -64,6 +64,31 @@ def load(source):
     raise DataError(f"{source!r} is neither a folder, a .zip, nor a CIFAR-10 binary tarball")
 
 
+@dataclasses.dataclass
+class HeldOut:
+    """Training images kept out of training (``--holdout``): their pixels, labels and indices."""
+
+    images: np.ndarray
+    labels: np.ndarray
+    indices: np.ndarray  # into the training split as loaded
+
+
+def hold_out(splits, count):
+    """``(splits without the held-out images, HeldOut or None)``: contract.confidence's choice of ``count``."""
+    if not count:
+        return splits, None
+    from contract import confidence
+
+    try:
+        indices = confidence.holdout_indices(len(splits.x_train), count)
+    except ValueError as exc:
+        raise DataError(str(exc)) from None
+    keep = np.ones(len(splits.x_train), bool)
+    keep[indices] = False
+    held = HeldOut(splits.x_train[indices], splits.y_train[indices], indices)
+    return dataclasses.replace(splits, x_train=splits.x_train[keep], y_train=splits.y_train[keep]), held
+
+
 def _load_keras_cifar10():
     import keras
 

@@ -1,7 +1,7 @@
 """The handover: what a finished run leaves for export, written from the saved weights alone.
 
 The chief rebuilds the model in float32 outside any distribution, loads ``model.weights.h5``
-(whichever backend wrote it), evaluates it on every test image, and writes ``samples.npz`` and,
+(whichever backend wrote it), evaluates it on every test image, and writes ``samples.npz``, ``holdout.npz`` (with ``--holdout``) and,
 last, ``manifest.json`` (:mod:`contract.manifest`): its presence means the run is complete.
 """
 
@@ -10,17 +10,19 @@ import os
 import platform
 import tempfile
 
-from contract import CHANNELS, IMAGE_SIZE, MANIFEST_FILE, RESIZE_METHOD, SAMPLES_FILE, WEIGHTS_FILE, sha256_file
+import numpy as np
+
+from contract import (CHANNELS, HOLDOUT_FILE, IMAGE_SIZE, MANIFEST_FILE, RESIZE_METHOD, SAMPLES_FILE, WEIGHTS_FILE,
+                      sha256_file)
 from contract import manifest as manifests
 
 PROBE_SEED = 20180921  # the fingerprint's probe batch (train.models.probe_batch)
 SAMPLE_IMAGES = 500  # per split, handed to export for calibration and verification
 
 
-def hand_over(config, recipe, plan, placement, splits, output, wall_time):
+def hand_over(config, recipe, plan, placement, splits, output, wall_time, held_out=None):
     """Rebuild the model on the host from the saved file alone, evaluate it, write samples and manifest."""
     import keras
-    import numpy as np
 
     from train import models, report
 
@@ -33,6 +35,7 @@ def hand_over(config, recipe, plan, placement, splits, output, wall_time):
         evaluation = report.evaluate(model, splits, os.path.join(output, "eval"))
     report.plot_history(os.path.join(output, "history.csv"), os.path.join(output, "curves.png"))
     samples = write_samples(splits, os.path.join(output, SAMPLES_FILE), config.seed)
+    holdout = write_holdout(held_out, os.path.join(output, HOLDOUT_FILE)) if held_out is not None else None
 
     manifest = manifests.Manifest(
         created=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
@@ -85,14 +88,35 @@ def hand_over(config, recipe, plan, placement, splits, output, wall_time):
             outputs=np.asarray(probe_outputs, dtype=np.float32).tolist(),
         ),
         samples=samples,
+        holdout=holdout,
     )
     manifests.write(os.path.join(output, MANIFEST_FILE), manifest)
     return manifest
 
 
+def _write_npz(path, arrays):
+    fd, tmp = tempfile.mkstemp(dir=os.path.dirname(path), prefix=".tmp-", suffix=".npz")
+    with os.fdopen(fd, "wb") as f:
+        np.savez(f, **arrays)
+    os.chmod(tmp, 0o644)  # mkstemp makes files private; a run directory is shared
+    os.replace(tmp, path)
+
+
+def write_holdout(held_out, path):
+    """The held-out images, labels and indices (contract.HOLDOUT_FILE), for export's calibration."""
+    import hashlib
+
+    from contract import confidence
+
+    indices = np.asarray(held_out.indices, np.int64)
+    _write_npz(path, {"images": np.ascontiguousarray(held_out.images, np.uint8),
+                      "labels": np.asarray(held_out.labels, np.int64), "indices": indices})
+    return manifests.Holdout(file=os.path.basename(path), images=len(indices), seed=confidence.HOLDOUT_SEED,
+                             indices_sha256=hashlib.sha256(indices.tobytes()).hexdigest(), sha256=sha256_file(path))
+
+
 def write_samples(splits, path, seed):
     """A seeded subset of each split, uint8, for export to calibrate and verify quantized models."""
-    import numpy as np
 
     rng = np.random.default_rng(seed)
     chosen = {}
@@ -100,11 +124,7 @@ def write_samples(splits, path, seed):
         index = np.sort(rng.choice(len(x), size=min(SAMPLE_IMAGES, len(x)), replace=False))
         chosen[f"{split}_images"] = np.ascontiguousarray(x[index], dtype=np.uint8)
         chosen[f"{split}_labels"] = np.asarray(y[index], dtype=np.int64)
-    fd, tmp = tempfile.mkstemp(dir=os.path.dirname(path), prefix=".tmp-", suffix=".npz")
-    with os.fdopen(fd, "wb") as f:
-        np.savez(f, **chosen)
-    os.chmod(tmp, 0o644)
-    os.replace(tmp, path)
+    _write_npz(path, chosen)
     return manifests.Samples(file=os.path.basename(path), train=len(chosen["train_images"]),
                              test=len(chosen["test_images"]), sha256=sha256_file(path), seed=seed)
 

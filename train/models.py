@@ -44,6 +44,26 @@ def probe_digest(probe):
     return hashlib.sha256(np.ascontiguousarray(probe, dtype=np.uint8).tobytes()).hexdigest()
 
 
+def logits_model(model):
+    """``model`` up to its logits, float32: what ``softmax`` turns into its probabilities.
+
+    Every registered model ends in a float32 layer named ``probabilities``: a ``Softmax`` (its
+    input is the logits) or a ``Dense`` with a softmax activation (the logits are the same Dense
+    without it, sharing its weights' values). Export computes the calibrated probabilities and
+    the out-of-distribution score from these (contract.confidence).
+    """
+    head = model.get_layer("probabilities")
+    if isinstance(head, layers.Softmax):
+        logits = head.input
+    elif isinstance(head, layers.Dense) and head.activation is keras.activations.softmax:
+        linear = layers.Dense(head.units, use_bias=head.use_bias, dtype="float32", name="logits")
+        logits = linear(head.input)
+        linear.set_weights(head.get_weights())
+    else:
+        raise ValueError(f"{model.name} ends in {type(head).__name__} 'probabilities', not a softmax")
+    return keras.Model(model.input, keras.ops.cast(logits, "float32"), name=f"{model.name}_logits")
+
+
 def _classifier_head(x, num_classes):
     # The softmax stays float32 under mixed precision: probabilities near 0 and 1
     # lose too much in bfloat16, and the loss wants them exact.

@@ -15,6 +15,8 @@ The input pipeline is tf.data on the host for both. Everything goes under ``--ou
   its presence means the run is complete);
 * ``eval/`` - test accuracy, per-class accuracy and the confusion matrix (JSON and PNG);
 * ``samples.npz`` - a seeded sample of training and test images for export's quantization;
+* ``holdout.npz`` - with ``--holdout N``: the N training images kept out of training, for
+  export's calibration (contract.confidence);
 * ``history.csv`` and ``curves.png``; ``logs/`` for TensorBoard; ``backup/`` while running.
 
 Re-running the same command after a kill resumes from the last finished epoch.
@@ -59,6 +61,7 @@ class Config:
     validation_freq: int = 1  # evaluate on the test split every N epochs (the handover always does at the end)
     profile_steps: tuple = None
     seed: int = 0
+    holdout: int = 0  # training images kept out of training for export's calibration (contract.confidence)
     overwrite: bool = False
     verbose: int = 1
 
@@ -117,6 +120,7 @@ def run(config, strategy=None, splits=None):
     try:
         if splits is None:
             splits = data.load(config.data)
+        splits, held_out = data.hold_out(splits, config.holdout)
         plan = _plan(config, recipe, placement, len(splits.x_train))
     except (hardware.AcceleratorError, data.DataError) as exc:
         raise UsageError(str(exc)) from None
@@ -151,7 +155,7 @@ def run(config, strategy=None, splits=None):
     # be laid out over every process's devices (a collective the other processes are not in).
     with placement.host() if placement.backend == "jax" else contextlib.nullcontext():
         handover.save_weights_atomically(model, os.path.join(output, WEIGHTS_FILE))
-    manifest = handover.hand_over(config, recipe, plan, placement, splits, output, wall_time)
+    manifest = handover.hand_over(config, recipe, plan, placement, splits, output, wall_time, held_out)
     _say(config, f"test accuracy {manifest.metrics['test_accuracy']:.4f} on {manifest.metrics['test_images']} "
                  f"images; weights and manifest in {output}")
     return manifest.to_dict()
