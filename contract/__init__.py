@@ -33,6 +33,14 @@ OUTPUT_PROBABILITIES = "probabilities"  # float32 [None, C]
 OUTPUT_CLASS_IDS = "class_ids"  # int64 [None]
 OUTPUT_CLASS_NAMES = "class_names"  # string [None]
 OUTPUTS = (OUTPUT_PROBABILITIES, OUTPUT_CLASS_IDS, OUTPUT_CLASS_NAMES)
+#: How foreign each image looks (contract.confidence: the energy of the logits; higher is more
+#: foreign), float32 [None]; every model exported with these outputs has it.
+OUTPUT_OOD_SCORE = "ood_score"
+#: The score at or under the threshold export chose on held-out images, bool [None]; only models
+#: trained with a held-out slice have it (without one there is no threshold to choose).
+OUTPUT_IN_DISTRIBUTION = "in_distribution"
+#: Everything a model exported from a run with a held-out slice answers.
+CALIBRATED_OUTPUTS = (*OUTPUTS, OUTPUT_OOD_SCORE, OUTPUT_IN_DISTRIBUTION)
 
 #: Files the training stage hands to the export stage.
 WEIGHTS_FILE = "model.weights.h5"
@@ -41,6 +49,10 @@ MANIFEST_FILE = "manifest.json"
 #: and verify quantized models: arrays ``train_images``, ``train_labels``, ``test_images``,
 #: ``test_labels``.
 SAMPLES_FILE = "samples.npz"
+#: The training images kept out of training (``python -m train --holdout N``), with their labels
+#: (arrays ``images``, ``labels``, ``indices``): export fits the temperature and the
+#: out-of-distribution threshold on them (contract.confidence).
+HOLDOUT_FILE = "holdout.npz"
 
 #: Beside ``saved_model.pb`` in a version directory: the ``serving_default`` signature as a
 #: LiteRT model in float32 (the name TF Serving loads with ``--prefer_tflite_model``), and

@@ -2,6 +2,7 @@
 
 * :mod:`export.exporter` - the CLI and the order of the steps (read the run, check, write, publish);
 * :mod:`export.verify` - the rebuilt model against the manifest's fingerprint, the SavedModel against it;
+* :mod:`export.calibration` - the temperature and out-of-distribution threshold, from held-out images;
 * :mod:`export.savedmodel` - the two serving signatures, TF Serving's warmup records;
 * :mod:`export.litert` - the float32 and int8 LiteRT models beside the SavedModel.
 """

@@ -9,8 +9,11 @@ This writes ``models/NAME/N/`` (``N``: the next free integer unless ``--version`
 otherwise; an existing version is never overwritten) holding:
 
 * ``saved_model.pb`` and ``variables/`` with two signatures, both returning
-  ``probabilities`` float32 ``[None, C]``, ``class_ids`` int64 ``[None]`` and
-  ``class_names`` string ``[None]``:
+  ``probabilities`` float32 ``[None, C]``, ``class_ids`` int64 ``[None]``,
+  ``class_names`` string ``[None]``, ``ood_score`` float32 ``[None]`` and, for a run trained
+  with ``--holdout``, ``in_distribution`` bool ``[None]`` (export/calibration.py: the
+  probabilities are divided by a temperature fitted on the held-out images, the score is the
+  energy of the logits, and the threshold lets 95% of the held-out images pass):
 
   - ``serving_default``: ``images``, uint8 ``[None, 32, 32, 3]``, raw RGB 0-255;
   - ``predict_images``: ``image_bytes``, string ``[None]``, encoded PNG, JPEG, GIF
@@ -56,9 +59,9 @@ from contract import (
     WEIGHTS_FILE,
 )
 from contract.arguments import positive_int
-from export import ExportError, litert
+from export import ExportError, calibration, litert
 from export.savedmodel import format_signatures, save, write_warmup
-from export.verify import check_fingerprint, probe_inputs, rebuild, verify_saved_model
+from export.verify import TOLERANCE, check_fingerprint, probe_inputs, rebuild, verify_saved_model
 
 DEFAULT_MODEL_DIR = "models"
 EXPORT_FORMAT = 1
@@ -92,6 +95,9 @@ def run(run_dir, model_dir=DEFAULT_MODEL_DIR, name=DEFAULT_MODEL_NAME, version=N
     import keras
     import numpy as np
 
+    from contract import confidence as confidence_rules
+    from train import models
+
     # The export graph is float32 whatever training used: the weights are float32, and
     # serving has no reason to lose precision. The policy is global, so restore it.
     previous_policy = keras.mixed_precision.global_policy()
@@ -101,7 +107,14 @@ def run(run_dir, model_dir=DEFAULT_MODEL_DIR, name=DEFAULT_MODEL_NAME, version=N
         probe = probe_inputs(manifest)
         expected = model(probe.astype(np.float32), training=False).numpy()
         check_fingerprint(manifest, expected, weights_path)
-        return _write_version(model, manifest, probe, expected, run_dir, model_dir, name, version, verbose)
+        logits_model = models.logits_model(model)
+        probe_logits = calibration.logits(logits_model, probe)
+        if not np.max(np.abs(confidence_rules.softmax(probe_logits) - expected)) <= TOLERANCE:
+            raise ExportError("the model's logits do not give its probabilities on the probe batch "
+                              "(train.models.logits_model does not fit this architecture)")
+        confidence = calibration.fit(logits_model, manifest, run_dir)
+        return _write_version(logits_model, manifest, probe, confidence.outputs(probe_logits), confidence,
+                              run_dir, model_dir, name, version, verbose)
     finally:
         keras.mixed_precision.set_global_policy(previous_policy)
 
@@ -121,7 +134,26 @@ def _read_manifest(run_dir):
         raise ExportError(str(exc)) from None
 
 
-def _write_version(model, manifest, probe, expected, run_dir, model_dir, name, version, verbose):
+def _say_confidence(confidence, verbose):
+    section = confidence.section
+    if not verbose:
+        return
+    if confidence.threshold is None:
+        print(f"probabilities not calibrated and no out-of-distribution threshold: {section['why']}")
+        return
+    held = section["held_out"]
+    images = section["fitted_on"]["images"]
+    if section["calibrated"]:
+        print(f"temperature {confidence.temperature:.4f} fitted on {images} held-out images (NLL "
+              f"{held['nll']['before']:.4f} -> {held['nll']['after']:.4f}, ECE {held['ece']['before']:.4f} -> "
+              f"{held['ece']['after']:.4f})")
+    else:
+        print(f"probabilities not calibrated: {section['why']}")
+    print(f"out-of-distribution threshold {confidence.threshold:.4f}: {section['ood']['held_out_passing']:.1%} of "
+          f"{images} held-out images pass")
+
+
+def _write_version(model, manifest, probe, expected, confidence, run_dir, model_dir, name, version, verbose):
     base = os.path.join(os.path.abspath(model_dir), name)
     created_base = not os.path.isdir(base)
     try:
@@ -142,11 +174,11 @@ def _write_version(model, manifest, probe, expected, run_dir, model_dir, name, v
         # The SavedModel is saved into a subdirectory so mkdtemp's private mode never leaks
         # into the published version directory.
         staging = os.path.join(tmp, str(version))
-        save(model, manifest["class_names"], staging)
+        save(model, manifest["class_names"], staging, confidence.temperature, confidence.threshold)
         signatures = verify_saved_model(staging, probe, expected, manifest["class_names"])
         lite = litert.export(staging, run_dir, probe, expected,
                              samples_sha256=(manifest.get("samples") or {}).get("sha256"), verbose=verbose)
-        _write_assets(staging, manifest, name, version, signatures, run_dir, probe, lite)
+        _write_assets(staging, manifest, name, version, signatures, run_dir, probe, lite, confidence.section)
         if os.path.lexists(final):  # someone else exported this version meanwhile
             raise ExportError(f"{final} already exists; versions are never overwritten")
         os.rename(staging, final)
@@ -159,6 +191,7 @@ def _write_version(model, manifest, probe, expected, run_dir, model_dir, name, v
             os.rmdir(base)
     if verbose:
         print(f"exported {manifest['model']['name']} from {run_dir} to {final}")
+        _say_confidence(confidence, verbose)
         print(format_signatures(signatures))
     return final
 
@@ -167,7 +200,7 @@ def _versions(base):
     return [int(entry) for entry in os.listdir(base) if entry.isdigit()]
 
 
-def _write_assets(path, manifest, name, version, signatures, run_dir, probe, lite=None):
+def _write_assets(path, manifest, name, version, signatures, run_dir, probe, lite=None, confidence=None):
     extra = os.path.join(path, ASSETS_EXTRA)
     os.makedirs(extra, exist_ok=True)
     write_warmup(os.path.join(extra, WARMUP_FILE), name, probe)
@@ -187,6 +220,8 @@ def _write_assets(path, manifest, name, version, signatures, run_dir, probe, lit
             for sig, desc in signatures.items()
         },
     }
+    if confidence is not None:
+        served["confidence"] = confidence  # export/calibration.py: temperature, threshold, how they were fitted
     if lite is not None:
         served["export"]["litert"] = lite  # export/litert.py: what was checked, published or refused, and why
     with open(os.path.join(extra, MANIFEST_FILE), "w") as f:

@@ -15,8 +15,8 @@ SavedModel in it has passed its own checks. It writes, next to ``saved_model.pb`
 Every model is run in LiteRT (the interpreter the server uses, XNNPACK) on the run's test
 sample and compared with the written SavedModel on the same images:
 
-* float32 must give the same class on every image and probabilities within
-  :data:`FLOAT_TOLERANCE`;
+* float32 must give the same class on every image, probabilities within
+  :data:`FLOAT_TOLERANCE` and out-of-distribution scores within :data:`SCORE_TOLERANCE`;
 * int8 must give the same class on at least :data:`AGREEMENT_GATE` of them.
 
 A model that fails its check is not published: the reason is printed on stderr and recorded in
@@ -39,11 +39,13 @@ from contract import (
     INPUT_PIXELS,
     LITERT_FILE,
     LITERT_INT8_FILE,
+    OUTPUT_OOD_SCORE,
     OUTPUT_PROBABILITIES,
     SAMPLES_FILE,
     SIGNATURE_PIXELS,
     sha256_file,
 )
+from export.savedmodel import CONFIDENCE_SCOPE
 
 #: Runtime names, as the server's SERVE_RUNTIME spells them, and the file each one loads.
 FILES = {"litert": LITERT_FILE, "litert-int8": LITERT_INT8_FILE}
@@ -51,6 +53,9 @@ FILES = {"litert": LITERT_FILE, "litert-int8": LITERT_INT8_FILE}
 #: Largest absolute difference allowed between float32 LiteRT and SavedModel probabilities.
 #: XNNPACK sums in another order than TensorFlow (about 1e-6 apart on the seed model).
 FLOAT_TOLERANCE = 1e-4
+#: Largest absolute difference allowed between float32 LiteRT and SavedModel out-of-distribution
+#: scores (energies of about -5 to -30; contract.confidence).
+SCORE_TOLERANCE = 1e-4
 #: Least share of the test sample on which the int8 model must give the SavedModel's class.
 #: The issue's target is 99.0% on all 10,000 test images; the sample holds a few hundred, where
 #: the standard error of a 99% agreement is about 0.45 points (500 images), so a gate at 99.0%
@@ -96,15 +101,15 @@ def export(version_dir, run_dir, probe, probe_outputs, samples_sha256=None, verb
 
     reference = tf.saved_model.load(version_dir).signatures[SIGNATURE_PIXELS]
 
-    def savedmodel(images):
-        outputs = reference(**{INPUT_PIXELS: tf.constant(images)})
-        return outputs[OUTPUT_PROBABILITIES].numpy()
+    def savedmodel(images, output=OUTPUT_PROBABILITIES):
+        return reference(**{INPUT_PIXELS: tf.constant(images)})[output].numpy()
 
     try:
         samples = read_samples(run_dir, samples_sha256)
     except SampleError as exc:
         samples, no_samples = None, str(exc)
     report = {"gate": {"float_tolerance": FLOAT_TOLERANCE, "int8_min_agreement": AGREEMENT_GATE}}
+    has_score = OUTPUT_OOD_SCORE in reference.structured_outputs
     if samples is not None:
         test_images, test_labels = samples["test_images"], samples["test_labels"]
         expected = _batched(savedmodel, test_images)
@@ -114,6 +119,8 @@ def export(version_dir, run_dir, probe, probe_outputs, samples_sha256=None, verb
         test_images, test_labels, expected = np.asarray(probe, np.uint8), None, np.asarray(probe_outputs, np.float32)
         report["checked_on"] = {"images": len(test_images), "source": "the manifest's probe batch",
                                 "why": no_samples}
+
+    expected_scores = _batched(lambda images: savedmodel(images, OUTPUT_OOD_SCORE), test_images) if has_score else None
 
     def publish(runtime, convert, check):
         entry = {"file": FILES[runtime]}
@@ -125,6 +132,9 @@ def export(version_dir, run_dir, probe, probe_outputs, samples_sha256=None, verb
             return _say(entry, runtime, verbose)
         got = _batched(runner(content), test_images)
         entry.update(measure(got, expected, test_labels), bytes=len(content))
+        if has_score:  # the out-of-distribution score must survive conversion too
+            scores = _batched(runner(content, OUTPUT_OOD_SCORE), test_images)
+            entry["ood_score_max_abs_diff"] = float(np.max(np.abs(scores - expected_scores)))
         reason = check(entry)
         if reason:
             entry.update(published=False, reason=reason)
@@ -141,6 +151,9 @@ def export(version_dir, run_dir, probe, probe_outputs, samples_sha256=None, verb
         if not entry["max_abs_diff"] <= FLOAT_TOLERANCE:  # also catches NaN
             return (f"its probabilities differ from the SavedModel's by up to {entry['max_abs_diff']:.3g} "
                     f"(more than {FLOAT_TOLERANCE:g})")
+        if not entry.get("ood_score_max_abs_diff", 0.0) <= SCORE_TOLERANCE:
+            return (f"its out-of-distribution scores differ from the SavedModel's by up to "
+                    f"{entry['ood_score_max_abs_diff']:.3g} (more than {SCORE_TOLERANCE:g})")
         return None
 
     def int8_check(entry):
@@ -217,7 +230,9 @@ def convert_int8(saved_model_dir, calibration_images, float_ops=FLOAT_HEAD_OPS, 
             yield {INPUT_PIXELS: calibration_images[start:start + BATCH]}
 
     converter = tf.lite.TFLiteConverter.from_saved_model(saved_model_dir, signature_keys=[SIGNATURE_PIXELS])
-    float_nodes = layer_nodes(converter.convert(), float_layers) if float_layers else []
+    # The operators after the logits (temperature, softmax, score, threshold) stay float32 too: a
+    # score rounded to int8 steps would move images across the threshold.
+    float_nodes = layer_nodes(converter.convert(), [*float_layers, CONFIDENCE_SCOPE])
     converter.optimizations = [tf.lite.Optimize.DEFAULT]
     converter.representative_dataset = representative
     with warnings.catch_warnings():
@@ -252,12 +267,12 @@ def layer_nodes(content, layers):
     return names
 
 
-def runner(content):
-    """A function: uint8 images -> probabilities of the LiteRT model ``content`` (bytes), run by LiteRT."""
+def runner(content, output=OUTPUT_PROBABILITIES):
+    """A function: uint8 images -> ``output`` of the LiteRT model ``content`` (bytes), run by LiteRT."""
     from ai_edge_litert.interpreter import Interpreter
 
     signature = Interpreter(model_content=content).get_signature_runner(SIGNATURE_PIXELS)
-    return lambda images: signature(**{INPUT_PIXELS: images})[OUTPUT_PROBABILITIES]
+    return lambda images: signature(**{INPUT_PIXELS: images})[output]
 
 
 def measure(got, expected, labels=None):

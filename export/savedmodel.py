@@ -4,13 +4,23 @@
 import os
 
 from contract import (CHANNELS, IMAGE_SIZE, INPUT_BYTES, INPUT_PIXELS, OUTPUT_CLASS_IDS, OUTPUT_CLASS_NAMES,
-                      OUTPUT_PROBABILITIES, RESIZE_METHOD, SIGNATURE_BYTES, SIGNATURE_PIXELS)
+                      OUTPUT_IN_DISTRIBUTION, OUTPUT_OOD_SCORE, OUTPUT_PROBABILITIES, RESIZE_METHOD, SIGNATURE_BYTES,
+                      SIGNATURE_PIXELS)
+
+#: The name scope of the operators after the logits (temperature, softmax, score, threshold), which
+#: export/litert.py keeps in float32 in the int8 model.
+CONFIDENCE_SCOPE = "confidence"
 
 WARMUP_BATCH_SIZES = (1, 8)  # one record per signature and batch size
 
 
-def save(model, class_names, path):
-    """Write ``model`` with both serving signatures through Keras's ExportArchive."""
+def save(logits_model, class_names, path, temperature=1.0, threshold=None):
+    """Write the model with both serving signatures through Keras's ExportArchive.
+
+    ``logits_model`` (train.models.logits_model) gives the logits; the graph adds what
+    contract.confidence defines: ``probabilities = softmax(logits / temperature)``, ``ood_score``
+    (the energy of the logits) and, when ``threshold`` is given, ``in_distribution``.
+    """
     import keras
     import tensorflow as tf
 
@@ -18,14 +28,17 @@ def save(model, class_names, path):
 
     def predict(pixels):
         # Cast, not normalise: scaling is the model's own first layer.
-        probabilities = model(tf.cast(pixels, tf.float32), training=False)
-        probabilities = tf.cast(probabilities, tf.float32)
-        class_ids = tf.argmax(probabilities, axis=-1, output_type=tf.int64)
-        return {
-            OUTPUT_PROBABILITIES: probabilities,
-            OUTPUT_CLASS_IDS: class_ids,
-            OUTPUT_CLASS_NAMES: tf.gather(names, class_ids),
-        }
+        logits = tf.cast(logits_model(tf.cast(pixels, tf.float32), training=False), tf.float32)
+        with tf.name_scope(CONFIDENCE_SCOPE):
+            probabilities = tf.nn.softmax(logits / temperature, axis=-1)
+            ood_score = -tf.reduce_logsumexp(logits, axis=-1)
+            outputs = {OUTPUT_PROBABILITIES: probabilities, OUTPUT_OOD_SCORE: ood_score}
+            if threshold is not None:
+                outputs[OUTPUT_IN_DISTRIBUTION] = ood_score <= threshold
+        # The class is the logits' argmax, which a temperature cannot change.
+        class_ids = tf.argmax(logits, axis=-1, output_type=tf.int64)
+        outputs.update({OUTPUT_CLASS_IDS: class_ids, OUTPUT_CLASS_NAMES: tf.gather(names, class_ids)})
+        return outputs
 
     # Argument names are the signature's input keys; TensorSpec names say the same.
     def serve_pixels(images):
@@ -37,7 +50,7 @@ def save(model, class_names, path):
         return predict(pixels)
 
     archive = keras.export.ExportArchive()
-    archive.track(model)
+    archive.track(logits_model)
     archive.add_endpoint(SIGNATURE_PIXELS, serve_pixels, input_signature=[
         tf.TensorSpec([None, IMAGE_SIZE, IMAGE_SIZE, CHANNELS], tf.uint8, name=INPUT_PIXELS)])
     archive.add_endpoint(SIGNATURE_BYTES, serve_bytes, input_signature=[

@@ -9,6 +9,8 @@ from contract import (
     INPUT_PIXELS,
     OUTPUT_CLASS_IDS,
     OUTPUT_CLASS_NAMES,
+    OUTPUT_IN_DISTRIBUTION,
+    OUTPUT_OOD_SCORE,
     OUTPUT_PROBABILITIES,
     OUTPUTS,
     SIGNATURE_BYTES,
@@ -20,6 +22,7 @@ from export import ExportError
 from export.savedmodel import read_signatures
 
 TOLERANCE = 1e-5  # max absolute difference allowed between probabilities, float32
+SCORE_TOLERANCE = 1e-4  # and between out-of-distribution scores (energies of about -5 to -30)
 
 
 def rebuild(manifest, weights_path):
@@ -94,7 +97,12 @@ def check_fingerprint(manifest, outputs, weights_path):
 
 
 def verify_saved_model(path, probe, expected, class_names):
-    """Reload ``path`` without Keras and check both signatures; return their summary."""
+    """Reload ``path`` without Keras and check both signatures; return their summary.
+
+    ``expected``: what the signatures must answer on ``probe`` (export.calibration.Confidence.outputs):
+    ``probabilities`` within :data:`TOLERANCE`, ``ood_score`` within :data:`SCORE_TOLERANCE`,
+    ``in_distribution`` equal wherever the score is not within that tolerance of the threshold.
+    """
     import numpy as np
     import tensorflow as tf
 
@@ -104,18 +112,25 @@ def verify_saved_model(path, probe, expected, class_names):
         SIGNATURE_PIXELS: (INPUT_PIXELS, tf.constant(probe)),
         SIGNATURE_BYTES: (INPUT_BYTES, pngs),
     }
-    want_ids = np.argmax(expected, axis=-1)
+    want_keys = sorted(set(OUTPUTS) | set(expected))
+    want_ids = np.argmax(expected[OUTPUT_PROBABILITIES], axis=-1)
     want_names = [class_names[i] for i in want_ids]
     for signature, (key, value) in calls.items():
         if signature not in loaded.signatures:
             raise ExportError(f"written SavedModel lacks signature {signature!r}")
         result = loaded.signatures[signature](**{key: value})
-        if sorted(result) != sorted(OUTPUTS):
-            raise ExportError(f"signature {signature!r} returns {sorted(result)}, expected {sorted(OUTPUTS)}")
-        diff = float(np.max(np.abs(result[OUTPUT_PROBABILITIES].numpy() - expected)))
-        if not diff <= TOLERANCE:
-            raise ExportError(f"reloaded signature {signature!r} disagrees with the Keras model: "
-                              f"max absolute difference {diff:.3g} > {TOLERANCE:g}")
+        if sorted(result) != want_keys:
+            raise ExportError(f"signature {signature!r} returns {sorted(result)}, expected {want_keys}")
+        for key, tolerance in ((OUTPUT_PROBABILITIES, TOLERANCE), (OUTPUT_OOD_SCORE, SCORE_TOLERANCE)):
+            diff = float(np.max(np.abs(result[key].numpy() - expected[key])))
+            if not diff <= tolerance:
+                raise ExportError(f"reloaded signature {signature!r} disagrees with the Keras model on {key}: "
+                                  f"max absolute difference {diff:.3g} > {tolerance:g}")
+        if OUTPUT_IN_DISTRIBUTION in expected:
+            clear = np.abs(result[OUTPUT_OOD_SCORE].numpy() - expected[OUTPUT_OOD_SCORE]) < SCORE_TOLERANCE
+            got = result[OUTPUT_IN_DISTRIBUTION].numpy()
+            if not np.array_equal(got[clear], expected[OUTPUT_IN_DISTRIBUTION][clear]):
+                raise ExportError(f"reloaded signature {signature!r} answers another in_distribution than export's check")
         if not np.array_equal(result[OUTPUT_CLASS_IDS].numpy(), want_ids):
             raise ExportError(f"reloaded signature {signature!r} returns other class ids than the Keras model")
         got_names = [n.decode() for n in result[OUTPUT_CLASS_NAMES].numpy()]

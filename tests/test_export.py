@@ -17,6 +17,8 @@ from contract import (
     MANIFEST_FILE,
     OUTPUT_CLASS_IDS,
     OUTPUT_CLASS_NAMES,
+    OUTPUT_IN_DISTRIBUTION,
+    OUTPUT_OOD_SCORE,
     OUTPUT_PROBABILITIES,
     SIGNATURE_BYTES,
     SIGNATURE_PIXELS,
@@ -56,8 +58,22 @@ def loaded(version_dir):
     return tf.saved_model.load(str(version_dir))
 
 
-def _reference(keras_model, images):
-    return keras_model(images.astype(np.float32), training=False).numpy()
+@pytest.fixture(scope="module")
+def temperature(version_dir):
+    with open(version_dir / ASSETS_EXTRA / MANIFEST_FILE) as f:
+        return json.load(f)["confidence"]["temperature"]
+
+
+def _calibrated(probabilities, temperature):
+    """softmax(logits / T) from softmax(logits): log p is the logits less a constant per row."""
+    z = np.log(np.asarray(probabilities, np.float64)) / temperature
+    z -= z.max(axis=1, keepdims=True)
+    return np.exp(z) / np.exp(z).sum(axis=1, keepdims=True)
+
+
+def _reference(keras_model, images, temperature):
+    """What the exported signatures must answer: the Keras model's probabilities at the exported temperature."""
+    return _calibrated(keras_model(images.astype(np.float32), training=False).numpy(), temperature)
 
 
 def _pixels(loaded, images):
@@ -89,11 +105,11 @@ def _copy_run(src, dst):
 # --- The round trip -------------------------------------------------------------------
 
 
-def test_both_signatures_agree_with_the_keras_model(loaded, keras_model, manifest, splits):
+def test_both_signatures_agree_with_the_keras_model(loaded, keras_model, manifest, splits, temperature):
     from train import models
 
     images = np.concatenate([models.probe_batch(manifest["fingerprint"]["seed"]), splits.x_test[:8]])
-    expected = _reference(keras_model, images)
+    expected = _reference(keras_model, images, temperature)
     pngs = [_encode(Image.fromarray(image), "PNG") for image in images]
     for result in (_pixels(loaded, images), _bytes(loaded, pngs)):
         assert result[OUTPUT_PROBABILITIES].dtype == np.float32
@@ -104,12 +120,13 @@ def test_both_signatures_agree_with_the_keras_model(loaded, keras_model, manifes
         assert names == [manifest["class_names"][i] for i in np.argmax(expected, axis=-1)]
 
 
-def test_the_model_reproduces_the_manifest_fingerprint(loaded, manifest):
+def test_the_model_reproduces_the_manifest_fingerprint(loaded, manifest, temperature):
     from train import models
 
     probe = models.probe_batch(manifest["fingerprint"]["seed"])
     result = _pixels(loaded, probe)
-    assert np.max(np.abs(result[OUTPUT_PROBABILITIES] - np.float32(manifest["fingerprint"]["outputs"]))) <= TOLERANCE
+    expected = _calibrated(manifest["fingerprint"]["outputs"], temperature)
+    assert np.max(np.abs(result[OUTPUT_PROBABILITIES] - expected)) <= TOLERANCE
 
 
 def test_signatures_use_the_contract_names_dtypes_and_shapes(version_dir, manifest):
@@ -117,6 +134,8 @@ def test_signatures_use_the_contract_names_dtypes_and_shapes(version_dir, manife
     outputs = {
         OUTPUT_CLASS_IDS: ("int64", [-1]),
         OUTPUT_CLASS_NAMES: ("string", [-1]),
+        OUTPUT_IN_DISTRIBUTION: ("bool", [-1]),
+        OUTPUT_OOD_SCORE: ("float32", [-1]),
         OUTPUT_PROBABILITIES: ("float32", [-1, classes]),
     }
     assert savedmodel.read_signatures(str(version_dir)) == {
