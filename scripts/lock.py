@@ -1,8 +1,10 @@
 """Write the lock files: requirements/EXTRA.txt for every extra in pyproject.toml, exact pins with hashes.
 
-    .venv/bin/python -m pip install uv      # once; uv is not a dependency of the project
     .venv/bin/python scripts/lock.py        # after any change to pyproject.toml's dependencies
     .venv/bin/python scripts/lock.py --upgrade-package gunicorn   # move one package, keep the rest
+
+uv is not a dependency of the project: scripts/test.sh installs it into .venv from
+requirements/scripts/uv.txt (elsewhere: ``pip install --require-hashes -r requirements/scripts/uv.txt``).
 
 The locks are for CPython 3.11 on Linux x86_64 (glibc 2.31 or newer): this project's machines, CI
 and the serving image (python:3.11-slim-bookworm). ``requirements/test.txt`` (the ``test`` extra,
