@@ -54,6 +54,7 @@ from contract import (
     DEFAULT_SERVING_RUNTIME,
     IMAGE_SIZE,
     MANIFEST_FILE,
+    OUTPUT_PROBABILITIES,
     RESIZE_METHOD,
     WARMUP_FILE,
     WEIGHTS_FILE,
@@ -176,7 +177,7 @@ def _write_version(model, manifest, probe, expected, confidence, run_dir, model_
         staging = os.path.join(tmp, str(version))
         save(model, manifest["class_names"], staging, confidence.temperature, confidence.threshold)
         signatures = verify_saved_model(staging, probe, expected, manifest["class_names"])
-        lite = litert.export(staging, run_dir, probe, expected,
+        lite = litert.export(staging, run_dir, probe, expected[OUTPUT_PROBABILITIES],
                              samples_sha256=(manifest.get("samples") or {}).get("sha256"), verbose=verbose)
         _write_assets(staging, manifest, name, version, signatures, run_dir, probe, lite, confidence.section)
         if os.path.lexists(final):  # someone else exported this version meanwhile
