@@ -38,6 +38,8 @@ DEFAULT_BATCH_SIZE = 16
 IMAGE_EXTENSIONS = (".png", ".jpg", ".jpeg", ".gif", ".bmp")
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_UNREACHABLE = 0, 1, 2, 3
+#: ``predict --fail-on-ood``: every file was answered, and at least one looks like none of the classes.
+EXIT_OUT_OF_DISTRIBUTION = 4
 
 
 class UsageError(Exception):
@@ -92,6 +94,11 @@ def build_parser():
     predict.add_argument("--top-k", type=positive_int, default=DEFAULT_TOP_K, help="how many best classes to show (default %(default)s)")
     predict.add_argument("--batch-size", type=positive_int, default=DEFAULT_BATCH_SIZE, help="images per request (default %(default)s)")
     predict.add_argument("--json", action="store_true", help="print one JSON object per image instead of a table")
+    predict.add_argument(
+        "--fail-on-ood", action="store_true",
+        help=f"exit {EXIT_OUT_OF_DISTRIBUTION} when the model answers in_distribution: false for any image (it looks "
+             "like none of the classes); the labels are printed either way",
+    )
     predict.add_argument(
         "--progress",
         action=argparse.BooleanOptionalAction,
@@ -214,12 +221,20 @@ def _label(entry):
     return label if label is not None else f"#{entry.get('class_id')}"
 
 
+def _verdict(result):
+    """The IN-DISTRIBUTION cell: yes, or no with the score, or ? where the model has no threshold."""
+    inside, score = result.get("in_distribution"), result.get("ood_score")
+    if inside is None:
+        return "?" if score is None else f"? (score {score:.2f})"
+    return "yes" if inside else f"NO (score {score:.2f})"
+
+
 def run_predict(args, transport):
     files = find_images(args.paths)
     screen = shutil.get_terminal_size().lines
     show = args.progress if args.progress is not None else (sys.stderr.isatty() and len(files) > screen)
     progress = Progress(len(files), show)
-    failures = 0
+    failures = foreign = 0
     rows = []
     for name, result in classify(transport, files, args.batch_size, args.top_k, progress):
         if "error" in result:
@@ -229,18 +244,24 @@ def run_predict(args, transport):
             if args.json:
                 print(json.dumps({"file": name, "error": result["error"], "status": result.get("status")}), flush=True)
             continue
+        foreign += result.get("in_distribution") is False
         if args.json:
             print(json.dumps({"file": name, **result}), flush=True)
         else:
-            rows.append((name, _label(result), f"{result['probability']:.3f}", _format_top_k(result.get("top_k", []))))
+            rows.append((name, _label(result), f"{result['probability']:.3f}", _verdict(result),
+                         _format_top_k(result.get("top_k", []))))
     if not args.json and rows:
-        header = ("FILE", "LABEL", "PROBABILITY", f"TOP-{args.top_k}")
-        widths = [max(len(r[i]) for r in [header, *rows]) for i in range(3)]
+        header = ("FILE", "LABEL", "PROBABILITY", "IN-DISTRIBUTION", f"TOP-{args.top_k}")
+        widths = [max(len(r[i]) for r in [header, *rows]) for i in range(4)]
         for row in [header, *rows]:
-            print("  ".join(cell.ljust(w) for cell, w in zip(row, widths)) + "  " + row[3])
+            print("  ".join(cell.ljust(w) for cell, w in zip(row, widths)) + "  " + row[4])
     if failures:
         print(f"client: {failures} of {len(files)} files failed", file=sys.stderr)
         return EXIT_FAILED
+    if foreign and args.fail_on_ood:
+        print(f"client: {foreign} of {len(files)} images look like none of the classes (in_distribution: false)",
+              file=sys.stderr)
+        return EXIT_OUT_OF_DISTRIBUTION
     return EXIT_OK
 
 

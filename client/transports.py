@@ -3,7 +3,8 @@ Open Inference Protocol (KServe v2) that Triton, KServe, MLServer and this proje
 
 Each transport has the same three calls: ``predict(batch, top_k)`` with ``batch`` a list of
 ``(filename, bytes)`` returns one result dict per image, in order (``label``, ``class_id``,
-``probability``, ``top_k``; or ``error`` and ``status``), ``health()`` returns a dict describing a
+``probability``, ``top_k``, ``ood_score`` and ``in_distribution``, None where the model has no
+such output; or ``error`` and ``status``), ``health()`` returns a dict describing a
 ready model, and ``info()`` the model's name, version, classes and signatures. They raise
 :class:`Unreachable` when there is no ready server to talk to, and :class:`RequestFailed` when the
 server refused a whole request. None of them imports TensorFlow.
@@ -131,6 +132,8 @@ def _api_result(prediction, http_status):
         "class_id": prediction.get("class_id"),
         "probability": prediction.get("probability"),
         "top_k": prediction.get("top_k", []),
+        "ood_score": prediction.get("ood_score"),
+        "in_distribution": prediction.get("in_distribution"),
     }
 
 
@@ -178,12 +181,13 @@ class TFServingRestTransport(_HttpTransport):
         def predict_good():
             body = {"signature_name": contract.SIGNATURE_PIXELS, "instances": pixels.tolist()}
             predictions = self._call("POST", ":predict", json=body)["predictions"]
-            rows = []
+            results = []
             for row in predictions:
                 class_id = int(row[contract.OUTPUT_CLASS_IDS])
                 self.names[class_id] = row[contract.OUTPUT_CLASS_NAMES]
-                rows.append((row[contract.OUTPUT_PROBABILITIES], class_id))
-            return [_tfs_result(p, c, top_k, self.names) for p, c in rows]
+                results.append(_tfs_result(row[contract.OUTPUT_PROBABILITIES], class_id, top_k, self.names,
+                                           row.get(contract.OUTPUT_OOD_SCORE), row.get(contract.OUTPUT_IN_DISTRIBUTION)))
+            return results
 
         return _with_bad(batch, bad, predict_good)
 
@@ -213,13 +217,15 @@ def _signature_summary(signature):
     }
 
 
-def _tfs_result(probabilities, class_id, top_k, names):
+def _tfs_result(probabilities, class_id, top_k, names, ood_score=None, in_distribution=None):
     probabilities = [float(p) for p in probabilities]
     return {
         "label": names.get(class_id),
         "class_id": class_id,
         "probability": probabilities[class_id],
         "top_k": top_k_from_probabilities(probabilities, top_k, names),
+        "ood_score": None if ood_score is None else float(ood_score),
+        "in_distribution": None if in_distribution is None else bool(in_distribution),
     }
 
 
@@ -269,7 +275,10 @@ class TFServingGrpcTransport:
         class_ids = tensors.to_array(outputs[contract.OUTPUT_CLASS_IDS]).reshape(-1).tolist()
         class_names = [n.decode("utf-8") for n in tensors.to_array(outputs[contract.OUTPUT_CLASS_NAMES]).reshape(-1).tolist()]
         self.names.update(zip(class_ids, class_names))
-        return [_tfs_result(probabilities[i], class_ids[i], top_k, self.names) for i in range(len(pixels))]
+        scores, inside = ([tensors.to_array(outputs[key]).reshape(-1).tolist() if key in outputs else [None] * len(pixels)
+                           for key in (contract.OUTPUT_OOD_SCORE, contract.OUTPUT_IN_DISTRIBUTION)])
+        return [_tfs_result(probabilities[i], class_ids[i], top_k, self.names, scores[i], inside[i])
+                for i in range(len(pixels))]
 
     def health(self):
         from tfs_protos.tensorflow_serving.apis import get_model_status_pb2
@@ -313,6 +322,7 @@ class V2Transport(_HttpTransport):
     def __init__(self, url, model, timeout, **retry):
         super().__init__(url, timeout, **retry)
         self.model = model
+        self._confidence = None  # the confidence outputs the model has, learned from its metadata
 
     def _call(self, method, path, **kwargs):
         response = self._send(method, f"{self.url}/v2{path}", **kwargs)
@@ -340,7 +350,8 @@ class V2Transport(_HttpTransport):
                     }
                 ],
                 "outputs": [
-                    {"name": contract.OUTPUT_PROBABILITIES, "parameters": {"classification": top_k, "binary_data": False}}
+                    {"name": contract.OUTPUT_PROBABILITIES, "parameters": {"classification": top_k, "binary_data": False}},
+                    *({"name": name, "parameters": {"binary_data": False}} for name in self._confidence_outputs()),
                 ],
             }
         ).encode()
@@ -356,6 +367,7 @@ class V2Transport(_HttpTransport):
             (output,) = [o for o in body["outputs"] if o["name"] == contract.OUTPUT_PROBABILITIES]
             rows, k = output["shape"]
             cells = [_classification(cell) for cell in output["data"]]
+            extra = {o["name"]: list(o["data"]) for o in body["outputs"] if o["name"] in self.CONFIDENCE}
         except (KeyError, TypeError, ValueError) as error:
             raise RequestFailed(f"unexpected answer from {self.url}: {type(error).__name__}: {error}", response.status_code) from None
         if rows != len(batch) or len(cells) != rows * k:
@@ -364,8 +376,23 @@ class V2Transport(_HttpTransport):
         for row in range(rows):
             ranked = cells[row * k : (row + 1) * k]
             best = ranked[0]
-            results.append({"label": best["label"], "class_id": best["class_id"], "probability": best["probability"], "top_k": ranked})
+            score, inside = (extra.get(name, [None] * rows)[row] for name in self.CONFIDENCE)
+            results.append({"label": best["label"], "class_id": best["class_id"], "probability": best["probability"],
+                            "top_k": ranked, "ood_score": score, "in_distribution": inside})
         return results
+
+    #: The outputs that say how foreign an image looks, asked for when the model has them.
+    CONFIDENCE = (contract.OUTPUT_OOD_SCORE, contract.OUTPUT_IN_DISTRIBUTION)
+
+    def _confidence_outputs(self):
+        """Which of :data:`CONFIDENCE` the model has, from its metadata (asked once)."""
+        if self._confidence is None:
+            response, body = self._call("GET", self._model_path())
+            if response.status_code != 200 or not isinstance(body, dict):
+                raise RequestFailed(_reason(body, response), response.status_code)
+            names = {o.get("name") for o in body.get("outputs", []) if isinstance(o, dict)}
+            self._confidence = [name for name in self.CONFIDENCE if name in names]
+        return self._confidence
 
     def health(self):
         response, body = self._call("GET", f"{self._model_path()}/ready")

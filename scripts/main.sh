@@ -9,6 +9,8 @@
 #               cifar-10-binary.tar.gz                                   [cifar10]
 #   MODEL       seed_cnn, airbench or resnet9                            [seed_cnn]
 #   EPOCHS      passes over the training set                  [the model's recipe: 20 / 10 / 12]
+#   HOLDOUT     training images kept out of training, on which export calibrates the
+#               probabilities and sets the out-of-distribution threshold; 0: none    [5000]
 #   TRAIN_ARGS  any further `python -m train` flags, e.g. "--augment --schedule onecycle"
 #   RUN_DIR     training output                                          [runs/$MODEL]
 #   MODELS_DIR  SavedModel root (models/NAME/N/)                         [models]
@@ -42,7 +44,7 @@ fi
 echo "== train: $MODEL -> $RUN_DIR"
 # shellcheck disable=SC2086  # TRAIN_ARGS is a list of flags
 .venv/bin/python -m train --model "$MODEL" --data "$CIFAR_DATA" --output "$RUN_DIR" \
-    ${EPOCHS:+--epochs "$EPOCHS"} ${TRAIN_ARGS:-}
+    --holdout "${HOLDOUT:-5000}" ${EPOCHS:+--epochs "$EPOCHS"} ${TRAIN_ARGS:-}
 
 echo "== export: $RUN_DIR -> $MODELS_DIR/$MODEL_NAME/N"
 .venv/bin/python -m export --run "$RUN_DIR" --model-dir "$MODELS_DIR" --name "$MODEL_NAME" --skip-if-exported

@@ -49,7 +49,8 @@ def create_app(config=None, backend=None):
     app.extensions["serve.backend"] = backend
     app.extensions["serve.readiness"] = health.Readiness(backend)
     # The core of / and /api/v1/predict, given what it needs instead of reaching into the app.
-    app.extensions["serve.classifier"] = classify.Classifier(backend, app.config["MAX_PIXELS"], app_metrics.images.inc)
+    app.extensions["serve.classifier"] = classify.Classifier(backend, app.config["MAX_PIXELS"], app_metrics.images.inc,
+                                                             app_metrics.answers)
 
     for blueprint in (web.bp, api.bp, tfserving_api.bp, v2_api.bp, health.bp):
         app.register_blueprint(blueprint)

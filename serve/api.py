@@ -73,6 +73,7 @@ def model():
         versions=meta["versions"],
         architecture=meta["architecture"],
         class_names=meta["class_names"],
+        confidence=meta.get("confidence"),
         signatures=signatures.summary(meta["signature_defs"]),
         backend=backend.kind,
         runtime=meta.get("runtime"),

@@ -9,7 +9,8 @@ import dataclasses
 
 import numpy as np
 
-from contract import OUTPUT_CLASS_IDS, OUTPUT_CLASS_NAMES, OUTPUT_PROBABILITIES
+from contract import (OUTPUT_CLASS_IDS, OUTPUT_CLASS_NAMES, OUTPUT_IN_DISTRIBUTION, OUTPUT_OOD_SCORE,
+                      OUTPUT_PROBABILITIES)
 from contract.ranking import top_k as rank
 from serve import images
 from serve.errors import ServeError
@@ -47,19 +48,24 @@ def parse_top_k(value, default):
 
 
 class Classifier:
-    """Classifies uploads on ``backend``; ``on_images(n)`` is told how many images reached the model."""
+    """Classifies uploads on ``backend``; ``on_images(n)`` is told how many images reached the model, and
+    ``on_answers(version, outputs)`` what it answered."""
 
-    def __init__(self, backend, max_pixels=images.DEFAULT_MAX_PIXELS, on_images=None):
+    def __init__(self, backend, max_pixels=images.DEFAULT_MAX_PIXELS, on_images=None, on_answers=None):
         self.backend = backend
         self.max_pixels = max_pixels
         self._on_images = on_images
+        self._on_answers = on_answers
 
     def classify(self, uploads, top_k):
         """Classify ``uploads``, a list of :class:`Upload`.
 
         Returns ``(meta, slots)``: the backend's metadata and one dict per upload, either a
-        prediction (``filename``, ``label``, ``class_id``, ``probability``, ``top_k``; plus
-        ``format`` and ``data`` for the page) or an error (``filename``, ``error``, ``status``).
+        prediction (``filename``, ``label``, ``class_id``, ``probability``, ``top_k``,
+        ``ood_score`` and ``in_distribution``; plus ``format`` and ``data`` for the page) or an
+        error (``filename``, ``error``, ``status``). ``ood_score`` is None for a model exported
+        without one, ``in_distribution`` for a model exported without a threshold
+        (:func:`confidence_of`).
         Raises :class:`ServeError` when the backend cannot answer at all.
         """
         meta = self.backend.metadata()
@@ -83,11 +89,14 @@ class Classifier:
         outputs = self.backend.predict(np.stack(pixels))
         if self._on_images is not None:
             self._on_images(len(good))
+        if self._on_answers is not None:
+            self._on_answers(meta["version"], outputs)
         probabilities = np.asarray(outputs[OUTPUT_PROBABILITIES])
         names = label_names(meta, outputs, probabilities.shape[1])
         order, best = rank(probabilities, top_k)
         # One conversion for the whole batch, not one per image: it is most of the per-image cost here.
         top_probabilities = float32_list(best)
+        scores, inside = confidence_of(outputs, len(good))
         for row, index in enumerate(good):
             ranked = [
                 {"label": names[c], "class_id": c, "probability": p}
@@ -95,9 +104,21 @@ class Classifier:
             ]
             slots[index].update(
                 label=ranked[0]["label"], class_id=ranked[0]["class_id"], probability=ranked[0]["probability"],
-                top_k=ranked,
+                top_k=ranked, ood_score=scores[row], in_distribution=inside[row],
             )
         return meta, slots
+
+
+def confidence_of(outputs, rows):
+    """Each row's ``ood_score`` (a float) and ``in_distribution`` (a bool), or None where the model has neither.
+
+    The label is answered either way: ``in_distribution: false`` says the image looks like none of
+    the classes, and leaves it to the caller what to do with the label.
+    """
+    scores = float32_list(outputs[OUTPUT_OOD_SCORE]) if OUTPUT_OOD_SCORE in outputs else [None] * rows
+    inside = (np.asarray(outputs[OUTPUT_IN_DISTRIBUTION], bool).tolist() if OUTPUT_IN_DISTRIBUTION in outputs
+              else [None] * rows)
+    return scores, inside
 
 
 def label_names(meta, outputs, num_classes):

@@ -1,10 +1,18 @@
 """Prometheus metrics. Under gunicorn with several workers, prometheus-client's multiprocess
 mode (``PROMETHEUS_MULTIPROC_DIR``, set by :mod:`serve.gunicorn_conf`) adds up every worker."""
 
+import numpy as np
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+
+from contract import OUTPUT_IN_DISTRIBUTION, OUTPUT_OOD_SCORE, OUTPUT_PROBABILITIES
 
 LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
 BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
+#: The top class's probability: fine steps near 1, where a confident model's answers sit.
+TOP_PROBABILITY_BUCKETS = (0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 0.95, 0.98, 0.99, 0.999, 1.0)
+#: The out-of-distribution score (the energy of the logits, contract.confidence): in-distribution
+#: images sit lower than foreign ones; where depends on the model (its threshold is in its manifest).
+OOD_SCORE_BUCKETS = (-50, -40, -30, -25, -20, -17.5, -15, -12.5, -10, -8, -6, -4, -2, 0, 5)
 
 
 class Metrics:
@@ -41,6 +49,35 @@ class Metrics:
             ["reason", "area"],
             **kw,
         )
+
+        # What the answers say about the images sent (drift): per model version, on every route.
+        self.top_probability = Histogram(
+            "serve_top_probability", "The top class's probability of each image answered, by model version.",
+            ["version"], buckets=TOP_PROBABILITY_BUCKETS, **kw,
+        )
+        self.ood_score = Histogram(
+            "serve_ood_score", "The out-of-distribution score of each image answered (higher: more foreign), by model version.",
+            ["version"], buckets=OOD_SCORE_BUCKETS, **kw,
+        )
+        self.out_of_distribution = Counter(
+            "serve_out_of_distribution_answers",
+            "Images answered in_distribution: false (over the model's threshold), by model version.", ["version"], **kw,
+        )
+
+    def answers(self, version, outputs):
+        """Observe one model call's answers: every image's top probability, score and verdict."""
+        version = str(version)
+        top = self.top_probability.labels(version)
+        for p in np.asarray(outputs[OUTPUT_PROBABILITIES]).max(axis=1).tolist():
+            top.observe(p)
+        if OUTPUT_OOD_SCORE in outputs:
+            score = self.ood_score.labels(version)
+            for value in np.asarray(outputs[OUTPUT_OOD_SCORE]).tolist():
+                score.observe(value)
+        if OUTPUT_IN_DISTRIBUTION in outputs:
+            foreign = int((~np.asarray(outputs[OUTPUT_IN_DISTRIBUTION], bool)).sum())
+            if foreign:
+                self.out_of_distribution.labels(version).inc(foreign)
 
     def model_loaded(self, runtime, version):
         """Record that ``version`` now answers in ``runtime`` (the previous one, if any, goes to 0)."""

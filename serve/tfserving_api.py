@@ -17,7 +17,7 @@ import numpy as np
 from flask import Blueprint, current_app, jsonify
 from werkzeug.routing import BaseConverter
 
-from contract import INPUT_BYTES, INPUT_PIXELS, SIGNATURE_BYTES, SIGNATURE_PIXELS
+from contract import INPUT_BYTES, INPUT_PIXELS, OUTPUT_PROBABILITIES, SIGNATURE_BYTES, SIGNATURE_PIXELS
 from serve import bodies, served, signatures
 from serve import images as imaging
 from serve.classify import float32_list
@@ -99,6 +99,8 @@ def predict(name, version=None):
     if signature_name == SIGNATURE_BYTES:
         signature_name, inputs = SIGNATURE_PIXELS, {INPUT_PIXELS: _decode(inputs[INPUT_BYTES])}
     outputs = current_app.extensions["serve.backend"].run(signature_name, inputs, version)
+    if OUTPUT_PROBABILITIES in outputs:
+        current_app.extensions["serve.metrics"].answers(version if version is not None else meta["version"], outputs)
     outputs = {key: _jsonable(key, np.asarray(value)) for key, value in outputs.items()}
     if row_format:
         return jsonify(predictions=_rows(outputs))

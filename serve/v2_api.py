@@ -19,7 +19,7 @@ from contract import INPUT_PIXELS, OUTPUT_CLASS_IDS, OUTPUT_CLASS_NAMES, OUTPUT_
 from serve import served, signatures
 from serve.errors import ServeError
 from serve.v2_request import HEADER_LENGTH, INPUTS, Binary, read_body, read_input, requested_outputs
-from serve.v2_response import classification, output_tensors, to_binary, to_json
+from serve.v2_response import CONFIDENCE_OUTPUTS, classification, output_names, output_tensors, to_binary, to_json
 
 bp = Blueprint("v2", __name__, url_prefix="/v2")
 
@@ -80,6 +80,7 @@ def model_metadata(name, version=None):
             tensor(OUTPUT_PROBABILITIES, "FP32", [-1, _num_classes(meta)]),
             tensor(OUTPUT_CLASS_IDS, "INT64", [-1]),
             tensor(OUTPUT_CLASS_NAMES, "BYTES", [-1]),
+            *(tensor(key, CONFIDENCE_OUTPUTS[key], [-1]) for key in output_names(meta)[3:]),
         ],
     )
 
@@ -90,7 +91,7 @@ def infer(name, version=None):
     meta = _meta(name, version)
     payload, binary = read_body()
     pixels = read_input(payload, Binary(binary))
-    wanted = requested_outputs(payload)
+    wanted = requested_outputs(payload, output_names(meta))
     served = meta["version"] if version is None else int(version)
     backend = current_app.extensions["serve.backend"]
     if served == meta["version"]:
@@ -98,6 +99,7 @@ def infer(name, version=None):
     else:  # an older version that a TF Serving backend still serves
         outputs = backend.run(SIGNATURE_PIXELS, {INPUT_PIXELS: pixels}, served)
     current_app.extensions["serve.metrics"].images.inc(len(pixels))
+    current_app.extensions["serve.metrics"].answers(served, outputs)
     tensors = output_tensors(meta, outputs)
     response = {"model_name": name, "model_version": str(served), "outputs": []}
     if "id" in payload:

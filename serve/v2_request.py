@@ -202,8 +202,8 @@ def _decode(key, datas):
     return imaging.decode_all(datas, current_app.config["MAX_PIXELS"], lambda index: f"input {key!r} element {index}")
 
 
-def requested_outputs(payload):
-    """``[(output name, parameters)]``: the ``outputs`` asked for, or all of them."""
+def requested_outputs(payload, available=OUTPUTS):
+    """``[(output name, parameters)]``: the ``outputs`` asked for, or all of ``available``."""
     parameters = payload.get("parameters") or {}
     if not isinstance(parameters, dict):
         raise ServeError("parameters must be an object")
@@ -212,14 +212,14 @@ def requested_outputs(payload):
         raise ServeError("binary_data_output must be true or false")
     requested = payload.get("outputs")
     if not requested:  # absent or empty: every output
-        return [(key, {"binary_data": binary}) for key in OUTPUTS]
+        return [(key, {"binary_data": binary}) for key in available]
     if not isinstance(requested, list):
         raise ServeError('"outputs" must be a list of objects such as {"name": "probabilities"}')
     wanted = []
     for output in requested:
         key = output.get("name") if isinstance(output, dict) else None
-        if key not in OUTPUTS:
-            raise ServeError(f"unknown output {key!r}; this model has {', '.join(OUTPUTS)}")
+        if key not in available:
+            raise ServeError(f"unknown output {key!r}; this model has {', '.join(available)}")
         options = _parameters(f"output {key!r}", output)
         options = {"binary_data": options.get("binary_data", binary), "classification": options.get("classification", 0)}
         if not isinstance(options["binary_data"], bool):

@@ -5,11 +5,21 @@ import struct
 
 import numpy as np
 
-from contract import OUTPUT_CLASS_IDS, OUTPUT_CLASS_NAMES, OUTPUT_PROBABILITIES
+from contract import (OUTPUT_CLASS_IDS, OUTPUT_CLASS_NAMES, OUTPUT_IN_DISTRIBUTION, OUTPUT_OOD_SCORE,
+                      OUTPUT_PROBABILITIES, SIGNATURE_PIXELS)
 from contract.ranking import top_k
+from serve import signatures
 from serve.classify import float32_list, label_names
 
-_LITTLE_ENDIAN = {"FP32": "<f4", "INT64": "<i8"}
+_LITTLE_ENDIAN = {"FP32": "<f4", "INT64": "<i8", "BOOL": "|b1"}
+#: Outputs only some models have (contract.OUTPUT_OOD_SCORE, OUTPUT_IN_DISTRIBUTION), with their datatypes.
+CONFIDENCE_OUTPUTS = {OUTPUT_OOD_SCORE: "FP32", OUTPUT_IN_DISTRIBUTION: "BOOL"}
+
+
+def output_names(meta):
+    """The outputs this model answers: the three every model has, then those of :data:`CONFIDENCE_OUTPUTS` it has."""
+    have = signatures.summary(meta.get("signature_defs") or {}).get(SIGNATURE_PIXELS, {}).get("outputs", {})
+    return [OUTPUT_PROBABILITIES, OUTPUT_CLASS_IDS, OUTPUT_CLASS_NAMES, *(key for key in CONFIDENCE_OUTPUTS if key in have)]
 
 
 def output_tensors(meta, outputs):
@@ -24,11 +34,15 @@ def output_tensors(meta, outputs):
     else:
         names = label_names(meta, outputs, probabilities.shape[1])
         class_names = np.array([names[c].encode() for c in class_ids.tolist()], dtype=object)
-    return {
+    tensors = {
         OUTPUT_PROBABILITIES: ("FP32", probabilities),
         OUTPUT_CLASS_IDS: ("INT64", class_ids),
         OUTPUT_CLASS_NAMES: ("BYTES", class_names),
     }
+    for key, datatype in CONFIDENCE_OUTPUTS.items():
+        if key in outputs:
+            tensors[key] = (datatype, np.asarray(outputs[key], _LITTLE_ENDIAN[datatype]))
+    return tensors
 
 
 def classification(meta, outputs, tensors, k):

@@ -44,8 +44,17 @@ def upload():
             slot["data_url"] = imaging.data_url(slot.pop("data"), slot["format"])
     status = 200 if any("error" not in s for s in slots) else slots[0]["status"]
     return render_template(
-        "index.html", top_k=top_k, results=slots, model=classify.model_info(meta), runtime=meta.get("runtime")
+        "index.html", top_k=top_k, results=slots, model=classify.model_info(meta), runtime=meta.get("runtime"),
+        class_count=_count_words(len(meta.get("class_names") or ())) or "known",
     ), status
+
+
+_WORDS = ("", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine", "ten", "eleven", "twelve")
+
+
+def _count_words(n):
+    """``10`` as "ten", as a person would write it; larger counts as digits; 0 (unknown) as ""."""
+    return _WORDS[n] if n < len(_WORDS) else str(n)
 
 
 def render_error(message, status):

@@ -86,11 +86,15 @@ def test_table_shows_file_label_probability_and_top_k(live_server, model_says, t
     out, err = capsys.readouterr()
     assert code == 0, err
     header, *rows = out.splitlines()
-    assert header.split()[:3] == ["FILE", "LABEL", "PROBABILITY"] and "TOP-3" in header
+    assert header.split()[:4] == ["FILE", "LABEL", "PROBABILITY", "IN-DISTRIBUTION"] and "TOP-3" in header
     assert len(rows) == len(truth)
     expected = model_says(list(truth))
     for row in rows:
-        path, label, probability, *top = row.split()
+        path, label, probability, verdict, *top = row.split()
+        assert verdict in ("yes", "NO")
+        if verdict == "NO":
+            assert top[0] == "(score" and top[1].endswith(")")
+            top = top[2:]
         assert path in truth and label in synthetic.CLASS_NAMES
         assert 0.0 < float(probability) <= 1.0
         assert top[0] == label  # the best of the top-k is the label itself
@@ -262,7 +266,8 @@ def test_health_and_info_from_tfserving(via, urls, capsys):
     assert cli.main(["info", "--json", "--via", via, "--url", urls[via]]) == 0
     info = json.loads(capsys.readouterr().out)
     assert info["name"] == "cifar10" and info["version"] == 1
-    assert info["signatures"]["predict_images"] == {"inputs": ["image_bytes"], "outputs": ["class_ids", "class_names", "probabilities"]}
+    assert info["signatures"]["predict_images"] == {
+        "inputs": ["image_bytes"], "outputs": ["class_ids", "class_names", "in_distribution", "ood_score", "probabilities"]}
     assert info["signatures"]["serving_default"]["inputs"] == ["images"]
 
 

@@ -48,7 +48,7 @@ def litert_outputs(path, images):
 def copy_run(trained_run, to):
     """The files export reads from a run, copied so a test can change them."""
     to.mkdir()
-    for name in (contract.MANIFEST_FILE, contract.WEIGHTS_FILE, contract.SAMPLES_FILE):
+    for name in (contract.MANIFEST_FILE, contract.WEIGHTS_FILE, contract.SAMPLES_FILE, contract.HOLDOUT_FILE):
         shutil.copy(trained_run / name, to / name)
     return to
 
@@ -205,7 +205,8 @@ def test_every_route_answers_on_each_runtime(runtime_app, trained_run):
     assert bad.status_code == 400 and bad.get_json()["error"]
     empty = client.post("/v1/models/cifar10:predict", json={"signature_name": contract.SIGNATURE_BYTES, "inputs": []})
     assert empty.status_code == 200
-    assert empty.get_json()["outputs"] == {"probabilities": [], "class_ids": [], "class_names": []}
+    assert empty.get_json()["outputs"] == {"probabilities": [], "class_ids": [], "class_names": [], "ood_score": [],
+                                           "in_distribution": []}
 
     metrics = client.get("/metrics").get_data(as_text=True)
     assert f'serve_model{{runtime="{runtime}",version="1"}} 1.0' in metrics

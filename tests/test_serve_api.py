@@ -357,7 +357,7 @@ def test_tfserving_row_format(client, samples, savedmodel):
     rows = response.get_json()["predictions"]
     assert len(rows) == 4
     for row, image in zip(rows, images[:4]):
-        assert set(row) == set(contract.OUTPUTS)
+        assert set(row) == set(contract.CALIBRATED_OUTPUTS)
         expected = model_probabilities(savedmodel, image)
         assert row[contract.OUTPUT_CLASS_IDS] == int(np.argmax(expected))
         assert row[contract.OUTPUT_CLASS_NAMES] == LABELS[row[contract.OUTPUT_CLASS_IDS]]
@@ -378,7 +378,7 @@ def test_tfserving_columnar_format(client, samples, savedmodel):
     response = client.post("/v1/models/cifar10:predict", json={"inputs": {contract.INPUT_PIXELS: images[:2].tolist()}})
     assert response.status_code == 200
     outputs = response.get_json()["outputs"]
-    assert set(outputs) == set(contract.OUTPUTS)
+    assert set(outputs) == set(contract.CALIBRATED_OUTPUTS)
     expected = np.stack([model_probabilities(savedmodel, image) for image in images[:2]])
     assert np.asarray(outputs[contract.OUTPUT_PROBABILITIES]) == pytest.approx(expected, abs=1e-4)
     assert outputs[contract.OUTPUT_CLASS_IDS] == expected.argmax(axis=1).tolist()

@@ -81,6 +81,8 @@ def test_server_and_model_health_and_metadata(server):
         {"name": contract.OUTPUT_PROBABILITIES, "datatype": "FP32", "shape": [-1, len(synthetic.CLASS_NAMES)]},
         {"name": contract.OUTPUT_CLASS_IDS, "datatype": "INT64", "shape": [-1]},
         {"name": contract.OUTPUT_CLASS_NAMES, "datatype": "BYTES", "shape": [-1]},
+        {"name": contract.OUTPUT_OOD_SCORE, "datatype": "FP32", "shape": [-1]},
+        {"name": contract.OUTPUT_IN_DISTRIBUTION, "datatype": "BOOL", "shape": [-1]},
     ]
     assert client.get_model_metadata(MODEL, "1") == model
 

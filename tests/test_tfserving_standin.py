@@ -61,7 +61,7 @@ def b64(data):
 
 def assert_outputs_equal(columns, want):
     """``columns`` (JSON-decoded, by output name) equal the direct outputs ``want``."""
-    assert set(columns) == set(contract.OUTPUTS)
+    assert set(columns) == set(contract.CALIBRATED_OUTPUTS)
     np.testing.assert_allclose(np.array(columns[contract.OUTPUT_PROBABILITIES]), want[contract.OUTPUT_PROBABILITIES], rtol=1e-6)
     assert columns[contract.OUTPUT_CLASS_IDS] == want[contract.OUTPUT_CLASS_IDS].tolist()
     assert columns[contract.OUTPUT_CLASS_NAMES] == [n.decode() for n in want[contract.OUTPUT_CLASS_NAMES]]
@@ -108,6 +108,8 @@ def test_rest_metadata_describes_both_signatures(tfserving, path):
             contract.OUTPUT_PROBABILITIES: "DT_FLOAT",
             contract.OUTPUT_CLASS_IDS: "DT_INT64",
             contract.OUTPUT_CLASS_NAMES: "DT_STRING",
+            contract.OUTPUT_OOD_SCORE: "DT_FLOAT",
+            contract.OUTPUT_IN_DISTRIBUTION: "DT_BOOL",
         }
 
 
@@ -234,7 +236,7 @@ def test_grpc_predict(channel, images, pngs, expected, signature):
     assert response.model_spec.version.value == 1
     assert response.model_spec.signature_name == signature
     outputs = {k: tf.make_ndarray(v) for k, v in response.outputs.items()}
-    assert set(outputs) == set(contract.OUTPUTS)
+    assert set(outputs) == set(contract.CALIBRATED_OUTPUTS)
     np.testing.assert_allclose(outputs[contract.OUTPUT_PROBABILITIES], expected[signature][contract.OUTPUT_PROBABILITIES], rtol=1e-6)
     assert outputs[contract.OUTPUT_CLASS_IDS].dtype == np.int64
     np.testing.assert_array_equal(outputs[contract.OUTPUT_CLASS_IDS], expected[signature][contract.OUTPUT_CLASS_IDS])

@@ -11,7 +11,18 @@ def probe_batch():
 
 
 def model_facts(manifest):
-    """``(architecture, class_names)`` from a published :class:`contract.manifest.Manifest`; ``(None, None)`` without one."""
+    """``(architecture, class_names, confidence)`` from a published :class:`contract.manifest.Manifest`.
+
+    ``confidence``: how the served probabilities and verdicts were made (export/calibration.py), for
+    ``/api/v1/model``: ``calibrated``, ``temperature``, ``method`` and ``threshold``; None for a
+    model exported before export wrote it. All three are None without a manifest.
+    """
     if manifest is None:
-        return None, None
-    return manifest.model.name, list(manifest.class_names)
+        return None, None, None
+    section = manifest.extra.get("confidence")
+    confidence = None
+    if isinstance(section, dict):
+        ood = section.get("ood") or {}
+        confidence = {"calibrated": section.get("calibrated"), "temperature": section.get("temperature"),
+                      "method": ood.get("method"), "threshold": ood.get("threshold")}
+    return manifest.model.name, list(manifest.class_names), confidence

@@ -143,7 +143,7 @@ class LocalBackend:
             self._note_skipped(version, available)
         path = os.path.join(self.model_dir, str(version))
         model = runtimes.load(self.runtime, path, self._threads)
-        architecture, class_names = model_facts(published.manifest(path))
+        architecture, class_names, confidence = model_facts(published.manifest(path))
         batcher = _make_batcher(model.pixels, self._max_batch, self._wait_s, self._on_batch)
         return {
             "version": version,
@@ -152,6 +152,7 @@ class LocalBackend:
             "signature_defs": model.signature_defs,
             "architecture": architecture,
             "class_names": class_names,
+            "confidence": confidence,
         }
 
     def _loaded(self, state):
@@ -210,6 +211,7 @@ class LocalBackend:
             "versions": [state["version"]],
             "architecture": state["architecture"],
             "class_names": state["class_names"],
+            "confidence": state["confidence"],
             "signature_defs": state["signature_defs"],
             "runtime": self.runtime,
             "skipped_versions": dict(self.skipped_versions),

@@ -33,11 +33,11 @@ class _RemoteBackend:
         self._meta_at = 0.0
         self._lock = threading.Lock()
         # TF Serving does not expose assets.extra; read the manifest where the files are at hand.
-        self._architecture, self._class_names = None, None
+        self._architecture, self._class_names, self._confidence = None, None, None
         if model_dir:
             available = published.versions(model_dir)
             if available:
-                self._architecture, self._class_names = model_facts(published.manifest(os.path.join(str(model_dir), str(available[-1]))))
+                self._architecture, self._class_names, self._confidence = model_facts(published.manifest(os.path.join(str(model_dir), str(available[-1]))))
 
     def metadata(self):
         with self._lock:
@@ -50,6 +50,7 @@ class _RemoteBackend:
             "versions": sorted(versions),
             "architecture": self._architecture,
             "class_names": self._class_names,
+            "confidence": self._confidence,
             "signature_defs": signature_defs,
         }
         with self._lock:
