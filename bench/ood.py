@@ -1,0 +1,145 @@
+"""Calibration and out-of-distribution detection of a trained model, on images it never saw.
+
+Typical usage::
+
+    python bench/ood.py --run runs/airbench-png-s0 --data ../shared/data/cifar10-png.zip \\
+        --version-dir models/airbench-png/cifar10/1 --json bench/results/ood-airbench-png-s0.json
+
+In distribution: the zip's test images (cifar10-png.zip: the first 1,000 of the official test
+split, original pixels). Out of distribution: every set of bench/ood_sets.py. The logits come from
+the run's weights, rebuilt with the registry's builder (export proves its graphs give the same);
+from them, for each set against the test images:
+
+* AUROC and the false-positive rate at 95% true-positive rate (the share of the set that passes the
+  threshold at which 95% of the test images pass) of three scores: the energy (-logsumexp of the
+  logits, what export serves: contract.confidence), the maximum logit, and the plain maximum
+  probability (softmax at temperature 1: the baseline, what a model without a score offers);
+* the share flagged by the threshold export chose on held-out training images (``--version-dir``);
+  for the test images, that share is the in-distribution images wrongly flagged.
+
+And calibration on the test images: negative log-likelihood and expected calibration error (15
+bins) at temperature 1 and at the exported temperature, with the accuracy.
+"""
+
+import argparse
+import json
+import os
+import sys
+
+import numpy as np
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # the other bench scripts
+
+import ood_sets  # noqa: E402
+from accuracy_of_record import test_split  # noqa: E402
+from contract import ASSETS_EXTRA, MANIFEST_FILE, WEIGHTS_FILE  # noqa: E402
+from contract import confidence as rules  # noqa: E402
+
+#: name -> score of each image from its logits; higher means more foreign.
+SCORES = {
+    "energy": rules.score,
+    "max_logit": lambda z: -np.max(z, axis=1),
+    "max_probability": lambda z: -np.max(rules.softmax(z), axis=1),
+}
+
+
+def run_logits(run_dir):
+    """A function: uint8 images -> float64 logits of the run's model."""
+    import keras
+
+    from train import models
+
+    with open(os.path.join(run_dir, MANIFEST_FILE)) as f:
+        manifest = json.load(f)
+    keras.mixed_precision.set_global_policy("float32")
+    model = models.build_model(manifest["model"]["name"], manifest["num_classes"], **manifest["model"].get("kwargs", {}))
+    model.load_weights(os.path.join(run_dir, WEIGHTS_FILE))
+    logits_model = models.logits_model(model)
+
+    def logits(images):
+        return np.concatenate([np.asarray(logits_model(images[i:i + 250].astype(np.float32), training=False), np.float64)
+                               for i in range(0, len(images), 250)])
+
+    return manifest, logits
+
+
+def detection(inside, outside):
+    from sklearn.metrics import roc_auc_score
+
+    labels = np.concatenate([np.zeros(len(inside)), np.ones(len(outside))])
+    return {"auroc": float(roc_auc_score(labels, np.concatenate([inside, outside]))),
+            "fpr_at_95_tpr": float(np.mean(outside <= rules.threshold_for(inside, 0.95)))}
+
+
+def measure(logits, test_images, test_labels, sets, exported=None):
+    test_z = logits(test_images)
+    temperature = (exported or {}).get("temperature", 1.0)
+    threshold = ((exported or {}).get("ood") or {}).get("threshold")
+    before, after = rules.softmax(test_z), rules.softmax(test_z, temperature)
+    result = {
+        "test_images": int(len(test_labels)),
+        "accuracy": float(np.mean(before.argmax(axis=1) == test_labels)),
+        "calibration": {
+            "temperature": temperature,
+            "nll": {"before": rules.nll(test_z, test_labels), "after": rules.nll(test_z, test_labels, temperature)},
+            "ece": {"before": rules.expected_calibration_error(before, test_labels),
+                    "after": rules.expected_calibration_error(after, test_labels)},
+        },
+        "threshold": threshold,
+        "test_flagged": None if threshold is None else float(np.mean(rules.score(test_z) > threshold)),
+        "sets": {},
+    }
+    inside = {name: fn(test_z) for name, fn in SCORES.items()}
+    for name, images in sets.items():
+        z = logits(images)
+        entry = {"images": int(len(images))}
+        for score_name, fn in SCORES.items():
+            entry[score_name] = detection(inside[score_name], fn(z))
+        entry["flagged"] = None if threshold is None else float(np.mean(rules.score(z) > threshold))
+        result["sets"][name] = entry
+    return result
+
+
+def table(result):
+    lines = ["| set | images | energy AUROC | max-logit AUROC | max-probability AUROC | energy FPR@95 | "
+             "max-probability FPR@95 | flagged by the exported threshold |",
+             "|---|---:|---:|---:|---:|---:|---:|---:|"]
+    for name, e in result["sets"].items():
+        flagged = "n/a" if e["flagged"] is None else f"{e['flagged']:.1%}"
+        lines.append(f"| {name} | {e['images']} | {e['energy']['auroc']:.3f} | {e['max_logit']['auroc']:.3f} | "
+                     f"{e['max_probability']['auroc']:.3f} | {e['energy']['fpr_at_95_tpr']:.1%} | "
+                     f"{e['max_probability']['fpr_at_95_tpr']:.1%} | {flagged} |")
+    c = result["calibration"]
+    flagged = "n/a" if result["test_flagged"] is None else f"{result['test_flagged']:.1%}"
+    lines.append(f"\ntest images: {result['test_images']}, accuracy {result['accuracy']:.2%}, flagged {flagged}; "
+                 f"temperature {c['temperature']:.4f}: NLL {c['nll']['before']:.4f} -> {c['nll']['after']:.4f}, "
+                 f"ECE {c['ece']['before']:.4f} -> {c['ece']['after']:.4f}")
+    return "\n".join(lines)
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--run", required=True, help="a finished training run (weights and manifest)")
+    parser.add_argument("--data", required=True, help="zip whose test/<class>/* images are the in-distribution set")
+    parser.add_argument("--version-dir", help="the run's exported version: its temperature and threshold")
+    parser.add_argument("--json", help="write the figures here")
+    args = parser.parse_args(argv)
+    exported = None
+    if args.version_dir:
+        with open(os.path.join(args.version_dir, ASSETS_EXTRA, MANIFEST_FILE)) as f:
+            exported = json.load(f).get("confidence")
+    manifest, logits = run_logits(args.run)
+    _, images, labels, classes = test_split(args.data)
+    if classes != manifest["class_names"]:
+        parser.error(f"the zip's classes {classes} are not the model's {manifest['class_names']}")
+    result = measure(logits, images, labels, ood_sets.make(), exported)
+    result.update(run=os.path.abspath(args.run), data=os.path.basename(args.data), version_dir=args.version_dir)
+    print(table(result))
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(result, f, indent=2)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
