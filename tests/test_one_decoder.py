@@ -147,9 +147,13 @@ def test_the_client_gets_one_answer_on_every_transport(name, live_server, tfserv
         assert cli.main(["predict", str(path), "--via", via, "--url", url, "--json", "--top-k", "10"]) == 0
         (line,) = capsys.readouterr().out.splitlines()
         result = json.loads(line)
-        answers[via] = (result["class_id"], {t["class_id"]: t["probability"] for t in result["top_k"]})
-    reference_class, reference = answers["api"]
-    for via, (class_id, probabilities) in answers.items():
+        answers[via] = (result["class_id"], {t["class_id"]: t["probability"] for t in result["top_k"]},
+                        result["ood_score"], result["in_distribution"])
+    reference_class, reference, reference_score, reference_verdict = answers["api"]
+    assert isinstance(reference_score, float) and isinstance(reference_verdict, bool)
+    for via, (class_id, probabilities, score, verdict) in answers.items():
         assert class_id == reference_class, via
         for c, p in reference.items():
             assert probabilities[c] == pytest.approx(p, abs=1e-4), via
+        # How foreign the image looks, the same on every transport (TF Serving runs the same graph).
+        assert score == pytest.approx(reference_score, abs=1e-4) and verdict == reference_verdict, via
