@@ -122,6 +122,8 @@ def test_the_digest_sees_a_changed_requirement():
     ("scripts/test.sh", "requirements/test.txt"),
     ("scripts/main.sh", "requirements/all.txt"),
     ("Dockerfile", "requirements/serve.txt"),
+    ("deploy/k8s/train.Dockerfile", "requirements/${extra}.txt"),  # each extra of EXTRAS
+    ("scripts/accelerator_check.sh", "requirements/scripts/accelerator.txt"),
 ])
 def test_every_install_goes_through_the_lock(path, lock_file):
     with open(os.path.join(REPO, path)) as f:
