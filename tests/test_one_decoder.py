@@ -73,7 +73,8 @@ def _answers(client, data):
         "outputs": [{"name": "probabilities"}]})
     answers["v2"] = np.array(v2.get_json()["outputs"][0]["data"])
     page = client.post("/", data={"top_k": "1", "file": (io.BytesIO(data), "x.img")}, content_type="multipart/form-data")
-    answers["form-label"] = re.search(r'data-testid="label">([^<]+)<', page.get_data(as_text=True)).group(1).strip()
+    # top_k=1: the one bar is the model's class, whether the headline is the label or the foreign-image verdict.
+    answers["form-label"] = re.search(r'<span class="name">([^<]+)</span>', page.get_data(as_text=True)).group(1).strip()
     return answers
 
 

@@ -530,7 +530,9 @@ def test_form_results_show_images_labels_and_errors(client, samples, savedmodel)
     assert "data:image/png;base64," + b64(png(images[0])) in page
     # Every class name is on the page (three bars); the headline and the bars' order are the model's.
     ranking = [LABELS[c] for c in np.argsort(-model_probabilities(savedmodel, images[0]), kind="stable")]
-    assert re.findall(r'data-testid="label">([^<]*)<', page) == [ranking[0]]
+    # The headline is the label, or "none of the three classes" for an image the model finds foreign
+    # (about one in twenty of the training set's kind, by export's threshold); the bars rank either way.
+    assert re.findall(r'data-testid="(?:label|verdict)">([^<]*)<', page) in ([ranking[0]], ["none of the three classes"])
     assert re.findall(r'<span class="name">([^<]*)</span>', page) == ranking
     assert "junk.txt" in page and "not an image" in page
     assert 'class="fill"' in page
