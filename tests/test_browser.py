@@ -16,25 +16,40 @@ pytestmark = pytest.mark.skipif(
 )
 
 
+def _write_pngs(folder, images):
+    """Each uint8 image as ``folder/uploadN.png``; their paths, in order."""
+    paths = []
+    for i, image in enumerate(images):
+        path = folder / f"upload{i}.png"
+        path.write_bytes(synthetic.encode(image))
+        paths.append(str(path))
+    return paths
+
+
+def _chromium(playwright):
+    return playwright.chromium.launch(
+        executable_path=CHROMIUM, headless=True, args=["--no-sandbox", "--disable-gpu", "--disable-background-networking"]
+    )
+
+
+def _submitted(page, url, paths):
+    """``page`` after choosing ``paths`` on the form at ``url`` and submitting it, once the results show."""
+    page.goto(f"{url}/")
+    page.set_input_files("input[type=file]", paths)
+    page.click("button[type=submit]")
+    page.wait_for_selector(".result")
+    return page
+
+
 def test_form_in_chromium(live_server, tmp_path):  # noqa: F811
     from playwright.sync_api import sync_playwright
 
     images, labels = synthetic.make_images(1, seed=9)
-    paths = []
-    for i, image in enumerate(images):
-        path = tmp_path / f"sample{i}.png"
-        path.write_bytes(synthetic.encode(image))
-        paths.append(str(path))
+    paths = _write_pngs(tmp_path, images)
     with sync_playwright() as p:
-        browser = p.chromium.launch(
-            executable_path=CHROMIUM, headless=True, args=["--no-sandbox", "--disable-gpu", "--disable-background-networking"]
-        )
+        browser = _chromium(p)
         try:
-            page = browser.new_page()
-            page.goto(f"{live_server}/")
-            page.set_input_files("input[type=file]", paths)
-            page.click("button[type=submit]")
-            page.wait_for_selector(".result")
+            page = _submitted(browser.new_page(), live_server, paths)
             results = page.locator(".result")
             assert results.count() == len(paths)
             # Each result shows its label, or "none of the three classes" when the image looks foreign
@@ -65,21 +80,11 @@ def test_form_says_none_of_the_classes_for_a_foreign_image(live_server, tmp_path
     noise = np.clip(np.random.default_rng(4).normal(128, 30, (32, 32, 3)), 0, 255).astype(np.uint8)
     foreign = [np.full((32, 32, 3), 128, np.uint8), noise]
     own = synthetic.make_images(1, seed=9)[0][:1]
-    paths = []
-    for i, image in enumerate([*foreign, *own]):
-        path = tmp_path / f"upload{i}.png"
-        path.write_bytes(synthetic.encode(image))
-        paths.append(str(path))
+    paths = _write_pngs(tmp_path, [*foreign, *own])
     with sync_playwright() as p:
-        browser = p.chromium.launch(
-            executable_path=CHROMIUM, headless=True, args=["--no-sandbox", "--disable-gpu", "--disable-background-networking"]
-        )
+        browser = _chromium(p)
         try:
-            page = browser.new_page()
-            page.goto(f"{live_server}/")
-            page.set_input_files("input[type=file]", paths)
-            page.click("button[type=submit]")
-            page.wait_for_selector(".result")
+            page = _submitted(browser.new_page(), live_server, paths)
             results = page.locator(".result")
             assert results.count() == 3
             for i in range(2):  # the foreign ones: the verdict, a note, the guesses greyed
@@ -106,9 +111,7 @@ def test_form_without_javascript(live_server, tmp_path):  # noqa: F811
     path = tmp_path / "notes.txt"
     path.write_bytes(b"not an image")
     with sync_playwright() as p:
-        browser = p.chromium.launch(
-            executable_path=CHROMIUM, headless=True, args=["--no-sandbox", "--disable-gpu", "--disable-background-networking"]
-        )
+        browser = _chromium(p)
         try:
             page = browser.new_context(java_script_enabled=False).new_page()
             page.goto(f"{live_server}/")
