@@ -1,9 +1,12 @@
 """Signature definitions as TF Serving writes them in JSON, and the small summary /api/v1/model shows."""
 
-
 import numpy as np
 
+from contract import OUTPUT_IN_DISTRIBUTION, OUTPUT_OOD_SCORE, SIGNATURE_PIXELS
+
 INIT_OP = "__saved_model_init_op"
+#: Outputs only some models have: how foreign each image looks (contract.OUTPUT_OOD_SCORE, OUTPUT_IN_DISTRIBUTION).
+CONFIDENCE_OUTPUTS = (OUTPUT_OOD_SCORE, OUTPUT_IN_DISTRIBUTION)
 
 #: TF Serving's DT_* names for the dtypes this server converts.
 NUMPY_DTYPES = {
@@ -66,6 +69,16 @@ def summary(signature_defs):
         name: {"inputs": tensors(sig.get("inputs", {})), "outputs": tensors(sig.get("outputs", {}))}
         for name, sig in sorted(signature_defs.items())
     }
+
+
+def confidence_outputs(signature_defs):
+    """Which of :data:`CONFIDENCE_OUTPUTS` the ``serving_default`` signature answers, in that order.
+
+    A fact of the loaded version: the backends put it in their metadata when they build it, so
+    no request has to read the signatures again to learn it.
+    """
+    have = (signature_defs or {}).get(SIGNATURE_PIXELS, {}).get("outputs", {})
+    return tuple(key for key in CONFIDENCE_OUTPUTS if key in have)
 
 
 def tensor_specs(signature_def):

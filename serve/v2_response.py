@@ -5,10 +5,8 @@ import struct
 
 import numpy as np
 
-from contract import (OUTPUT_CLASS_IDS, OUTPUT_CLASS_NAMES, OUTPUT_IN_DISTRIBUTION, OUTPUT_OOD_SCORE,
-                      OUTPUT_PROBABILITIES, SIGNATURE_PIXELS)
+from contract import OUTPUT_CLASS_IDS, OUTPUT_CLASS_NAMES, OUTPUT_IN_DISTRIBUTION, OUTPUT_OOD_SCORE, OUTPUT_PROBABILITIES
 from contract.ranking import top_k
-from serve import signatures
 from serve.classify import float32_list, label_names
 
 _LITTLE_ENDIAN = {"FP32": "<f4", "INT64": "<i8", "BOOL": "|b1"}
@@ -17,9 +15,12 @@ CONFIDENCE_OUTPUTS = {OUTPUT_OOD_SCORE: "FP32", OUTPUT_IN_DISTRIBUTION: "BOOL"}
 
 
 def output_names(meta):
-    """The outputs this model answers: the three every model has, then those of :data:`CONFIDENCE_OUTPUTS` it has."""
-    have = signatures.summary(meta.get("signature_defs") or {}).get(SIGNATURE_PIXELS, {}).get("outputs", {})
-    return [OUTPUT_PROBABILITIES, OUTPUT_CLASS_IDS, OUTPUT_CLASS_NAMES, *(key for key in CONFIDENCE_OUTPUTS if key in have)]
+    """The outputs this model answers: the three every model has, then those of :data:`CONFIDENCE_OUTPUTS` it has.
+
+    Which it has comes with the backend's metadata (``confidence_outputs``, worked out once per
+    loaded version with :func:`serve.signatures.confidence_outputs`), not from the signatures on every request.
+    """
+    return [OUTPUT_PROBABILITIES, OUTPUT_CLASS_IDS, OUTPUT_CLASS_NAMES, *meta["confidence_outputs"]]
 
 
 def output_tensors(meta, outputs):

@@ -14,7 +14,9 @@ Every backend offers:
   (strings as ``object`` arrays of ``bytes``) -> ``{output key: array}``;
 * ``ready()``: raises :class:`serve.errors.ServeError` unless a probe prediction succeeds;
 * ``metadata()``: ``name``, ``version``, ``versions``, ``architecture``, ``class_names``,
-  ``signature_defs`` (TF Serving's JSON form); the local backend adds ``runtime``.
+  ``signature_defs`` (TF Serving's JSON form) and ``confidence_outputs`` (which of
+  :data:`serve.signatures.CONFIDENCE_OUTPUTS` the model answers, worked out once with the
+  signatures); the local backend adds ``runtime``.
 
 Failures raise :class:`serve.errors.ServeError` with the HTTP status to answer with (503: try again later).
 """

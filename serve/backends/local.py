@@ -150,6 +150,7 @@ class LocalBackend:
             "model": model,
             "batcher": batcher,
             "signature_defs": model.signature_defs,
+            "confidence_outputs": signatures.confidence_outputs(model.signature_defs),
             "architecture": architecture,
             "class_names": class_names,
             "confidence": confidence,
@@ -213,6 +214,7 @@ class LocalBackend:
             "class_names": state["class_names"],
             "confidence": state["confidence"],
             "signature_defs": state["signature_defs"],
+            "confidence_outputs": state["confidence_outputs"],
             "runtime": self.runtime,
             "skipped_versions": dict(self.skipped_versions),
         }

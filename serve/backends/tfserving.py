@@ -52,6 +52,7 @@ class _RemoteBackend:
             "class_names": self._class_names,
             "confidence": self._confidence,
             "signature_defs": signature_defs,
+            "confidence_outputs": signatures.confidence_outputs(signature_defs),
         }
         with self._lock:
             self._meta, self._meta_at = meta, time.monotonic()
