@@ -5,7 +5,7 @@ import binascii
 
 from flask import Blueprint, current_app, jsonify, request
 
-from serve import bodies, classify, signatures, uploads
+from serve import bodies, classify, served, signatures, uploads
 from serve.errors import ServeError, check_image_count
 
 bp = Blueprint("api", __name__, url_prefix="/api/v1")
@@ -77,5 +77,5 @@ def model():
         signatures=signatures.summary(meta["signature_defs"]),
         backend=backend.kind,
         runtime=meta.get("runtime"),
-        skipped_versions=[{"version": v, "reason": why} for v, why in sorted((meta.get("skipped_versions") or {}).items())],
+        skipped_versions=served.skipped_versions(meta.get("skipped_versions")),
     )

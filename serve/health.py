@@ -10,6 +10,7 @@ import time
 
 from flask import Blueprint, Response, current_app, jsonify
 
+from serve import served
 from serve.errors import ServeError
 
 bp = Blueprint("health", __name__)
@@ -66,8 +67,8 @@ def healthz():
 @bp.get("/readyz")
 def readyz():
     backend = current_app.extensions["serve.backend"]
-    skipped = getattr(backend, "skipped_versions", None) or {}
-    extra = {"skipped_versions": [{"version": v, "reason": why} for v, why in sorted(skipped.items())]} if skipped else {}
+    skipped = served.skipped_versions(getattr(backend, "skipped_versions", None))
+    extra = {"skipped_versions": skipped} if skipped else {}
     try:
         version = current_app.extensions["serve.readiness"].check()
     except ServeError as e:

@@ -1,4 +1,5 @@
-"""Which model and versions this server answers for: the one 404 rule of the TF Serving and v2 routes."""
+"""Which model and versions this server answers for: the one 404 rule of the TF Serving and v2 routes,
+and the one way ``/readyz`` and ``/api/v1/model`` list the versions it refused to load."""
 
 from flask import current_app
 
@@ -17,3 +18,8 @@ def metadata(name, version, unknown_model, unknown_version):
     if version is not None and str(version) not in [str(v) for v in meta["versions"]]:
         raise ServeError(unknown_version(name, version, meta["versions"]), 404)
     return meta
+
+
+def skipped_versions(skipped):
+    """A backend's ``{version: reason}`` of versions it refused to load as ``[{"version", "reason"}]``, oldest first."""
+    return [{"version": v, "reason": why} for v, why in sorted((skipped or {}).items())]
