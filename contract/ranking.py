@@ -1,7 +1,7 @@
 """The one rule for ranking classes: most probable first, a tie going to the lower class id.
 
 The server's JSON API and page (``serve/classify.py``), the v2 classification extension
-(``serve/v2_response.py``) and the client (``client/transports.py``) all rank with :func:`top_k`.
+(``serve/v2_response.py``) and the client (``client/transports/``) all rank with :func:`top_k`.
 """
 
 import numpy as np
