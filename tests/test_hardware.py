@@ -56,7 +56,22 @@ def test_on_a_tpu_host_jax_may_use_the_tpu_and_tensorflow_is_not_pointed_at_it(t
     env = {}
     hardware.prepare_environment("tensorflow", environ=env, pci_root=tpu_host)
     # No TensorFlow build runs on current TPUs: TensorFlow trains on the CPU or GPUs only.
-    assert env == {"KERAS_BACKEND": "tensorflow"}
+    assert env == {"KERAS_BACKEND": "tensorflow", "TF_ENABLE_ONEDNN_OPTS": "1"}
+
+
+def test_tensorflow_trains_with_onednn_on_every_cpu_unless_the_user_turns_it_off():
+    # TensorFlow enables oneDNN by itself only with AVX-512; on AVX2 its own convolution gradients
+    # take twice as long. The user's "0" stands.
+    code = ("import os, sys\nfrom train import hardware\nhardware.prepare_environment('tensorflow')\n"
+            "from tensorflow.python.util import _pywrap_util_port\nprint(_pywrap_util_port.IsMklEnabled())")
+    for given, enabled in ((None, "True"), ("0", "False")):
+        env = {k: v for k, v in os.environ.items() if k != "TF_ENABLE_ONEDNN_OPTS"}
+        if given is not None:
+            env["TF_ENABLE_ONEDNN_OPTS"] = given
+        result = subprocess.run([sys.executable, "-c", code], cwd=REPO, env=env, capture_output=True, text=True,
+                                timeout=300)
+        assert result.returncode == 0, result.stderr[-2000:]
+        assert result.stdout.strip().splitlines()[-1] == enabled, (given, result.stdout)
 
 
 def test_the_cli_parses_flags_without_loading_a_framework():
