@@ -6,6 +6,10 @@ import tempfile
 # so MirroredStrategy can exercise the code path of an 8-core TPU (per-replica batches,
 # a global batch 8x, a distributed dataset).
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+# oneDNN on, as `python -m train` sets it (train.hardware.prepare_environment), for this process and
+# every one it starts: otherwise on an AVX2 CPU whether this process's TensorFlow had it would hang
+# on whether a trainer ran in it before TensorFlow's first op.
+os.environ.setdefault("TF_ENABLE_ONEDNN_OPTS", "1")
 
 import pytest  # noqa: E402  (the environment must be set before TensorFlow is imported)
 
