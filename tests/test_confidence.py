@@ -169,25 +169,54 @@ def test_the_exported_graphs_divide_by_the_temperature_and_keep_the_score(traine
     np.testing.assert_allclose(saved[OUTPUT_OOD_SCORE], untouched[OUTPUT_OOD_SCORE], atol=1e-4)
 
 
-def test_a_run_without_a_held_out_slice_exports_its_score_but_no_verdict(tmp_path, splits):
-    from export import exporter
-    from train import trainer
+def test_a_run_without_a_held_out_slice_exports_its_score_but_no_verdict(tmp_path, splits, model_base):
+    """... and a server that moves to such a version answers the outputs it has, not those the last one had."""
+    import shutil
+    import time
 
-    run = tmp_path / "run"
-    trainer.run(trainer.Config(output=str(run), epochs=1, batch_size=32, precision="float32", tpu="none",
-                               verbose=0, augment=False), splits=splits)
-    version = exporter.run(run_dir=str(run), model_dir=str(tmp_path / "models"), name="m", verbose=0)
-    with open(f"{version}/{ASSETS_EXTRA}/{MANIFEST_FILE}") as f:
-        section = json.load(f)["confidence"]
-    assert section["calibrated"] is False and section["temperature"] == 1.0
-    assert section["ood"]["threshold"] is None and "--holdout" in section["why"]
     import tensorflow as tf
 
-    outputs = tf.saved_model.load(version).signatures[SIGNATURE_PIXELS](**{INPUT_PIXELS: tf.constant(splits.x_test[:4])})
-    assert OUTPUT_OOD_SCORE in outputs and OUTPUT_IN_DISTRIBUTION not in outputs
+    from export import exporter
+    from serve import create_app
+    from train import trainer
 
+    models = tmp_path / "models" / "cifar10"
+    shutil.copytree(model_base / "1", models / "1")  # a version with a verdict
+    app = create_app({"TESTING": True, "MODEL_DIR": str(models), "MODEL_NAME": "cifar10", "MODEL_POLL_S": 0.1})
+    backend = app.extensions["serve.backend"]
+    backend.wait_loaded()
+    images = splits.x_test[:2]
 
-# --- Every runtime gives the same score -----------------------------------------------------
+    def v2_outputs():
+        answer = app.test_client().post("/v2/models/cifar10/infer", json={"inputs": [
+            {"name": INPUT_PIXELS, "datatype": "UINT8", "shape": list(images.shape), "data": images.ravel().tolist()}]})
+        assert answer.status_code == 200, answer.get_json()
+        return answer.get_json()["model_version"], [o["name"] for o in answer.get_json()["outputs"]]
+
+    try:
+        version, names = v2_outputs()
+        assert version == "1" and OUTPUT_IN_DISTRIBUTION in names
+
+        run = tmp_path / "run"
+        trainer.run(trainer.Config(output=str(run), epochs=1, batch_size=32, precision="float32", tpu="none",
+                                   verbose=0, augment=False), splits=splits)
+        exported = exporter.run(run_dir=str(run), model_dir=str(tmp_path / "models"), name="cifar10", verbose=0)
+        with open(f"{exported}/{ASSETS_EXTRA}/{MANIFEST_FILE}") as f:
+            section = json.load(f)["confidence"]
+        assert section["calibrated"] is False and section["temperature"] == 1.0
+        assert section["ood"]["threshold"] is None and "--holdout" in section["why"]
+        outputs = tf.saved_model.load(exported).signatures[SIGNATURE_PIXELS](**{INPUT_PIXELS: tf.constant(images)})
+        assert OUTPUT_OOD_SCORE in outputs and OUTPUT_IN_DISTRIBUTION not in outputs
+
+        deadline = time.monotonic() + 120
+        while (answer := v2_outputs())[0] != "2":
+            assert time.monotonic() < deadline, "version 2 was never picked up"
+            time.sleep(0.2)
+        assert OUTPUT_OOD_SCORE in answer[1] and OUTPUT_IN_DISTRIBUTION not in answer[1]
+        metadata = app.test_client().get("/v2/models/cifar10").get_json()
+        assert OUTPUT_IN_DISTRIBUTION not in [o["name"] for o in metadata["outputs"]]
+    finally:
+        backend.close()
 
 
 def _foreign_images():
