@@ -24,9 +24,7 @@ import argparse
 import json
 import os
 import platform
-import statistics
 import sys
-import time
 
 import torch
 from torch import nn
@@ -34,6 +32,7 @@ from torch import nn
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import airbench94_reference as reference  # noqa: E402
+from airbench_step_profile import median_seconds  # noqa: E402  (the port's profile, timed alike; stdlib only at import)
 
 KINDS = (  # (kind, substrings of aten op names), first match wins
     ("convolution backward", ("convolution_backward",)),
@@ -44,17 +43,6 @@ KINDS = (  # (kind, substrings of aten op names), first match wins
     ("optimizer updates", ("_foreach", "lerp", "sgd")),
     ("matmul (logits)", ("mm", "linear")),
 )
-
-
-def median_seconds(call, repeats, warmup):
-    for _ in range(warmup):
-        call()
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        call()
-        times.append(time.perf_counter() - start)
-    return statistics.median(times)
 
 
 def main():
