@@ -130,7 +130,7 @@ def main():
 
         tf.config.threading.set_inter_op_parallelism_threads(args.inter_op_threads)
 
-    from train import airbench, data, models, schedules
+    from train import data, models, schedules
 
     recipe = models.recipe("airbench")
     batch, steps_per_epoch = recipe.batch_size, args.images // recipe.batch_size
