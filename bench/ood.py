@@ -18,7 +18,9 @@ from them, for each set against the test images:
   for the test images, that share is the in-distribution images wrongly flagged.
 
 And calibration on the test images: negative log-likelihood and expected calibration error (15
-bins) at temperature 1 and at the exported temperature, with the accuracy.
+bins) at temperature 1 and at the exported temperature, each with a 95% interval (percentile
+bootstrap over the test images, 1,000 resamples), with the accuracy; the share of test images
+flagged has its Wilson interval.
 """
 
 import argparse
@@ -31,7 +33,7 @@ import numpy as np
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # the other bench scripts
 
 import ood_sets  # noqa: E402
-from accuracy_of_record import test_split  # noqa: E402
+from accuracy_of_record import test_split, wilson  # noqa: E402
 from contract import ASSETS_EXTRA, MANIFEST_FILE, WEIGHTS_FILE  # noqa: E402
 from contract import confidence as rules  # noqa: E402
 
@@ -71,22 +73,41 @@ def detection(inside, outside):
             "fpr_at_95_tpr": float(np.mean(outside <= rules.threshold_for(inside, 0.95)))}
 
 
+def bootstrap_interval(statistic, logits, labels, resamples=1000, seed=0):
+    """95% percentile-bootstrap interval of ``statistic(logits, labels)`` over resamples of the images."""
+    rng = np.random.default_rng(seed)
+    n = len(labels)
+    values = [statistic(logits[i], labels[i]) for i in (rng.integers(0, n, n) for _ in range(resamples))]
+    return [float(np.percentile(values, 2.5)), float(np.percentile(values, 97.5))]
+
+
+def calibration(test_z, test_labels, temperature):
+    """NLL and ECE (15 bins) at temperature 1 and at ``temperature``, each with its bootstrap interval."""
+    def at(t):
+        return {"nll": lambda z, y: rules.nll(z, y, t),
+                "ece": lambda z, y: rules.expected_calibration_error(rules.softmax(z, t), y)}
+
+    result = {"temperature": temperature}
+    for name in ("nll", "ece"):
+        before, after = at(1.0)[name], at(temperature)[name]
+        result[name] = {"before": before(test_z, test_labels), "after": after(test_z, test_labels),
+                        "interval_95": {"before": bootstrap_interval(before, test_z, test_labels),
+                                        "after": bootstrap_interval(after, test_z, test_labels)}}
+    return result
+
+
 def measure(logits, test_images, test_labels, sets, exported=None):
     test_z = logits(test_images)
     temperature = (exported or {}).get("temperature", 1.0)
     threshold = ((exported or {}).get("ood") or {}).get("threshold")
-    before, after = rules.softmax(test_z), rules.softmax(test_z, temperature)
+    flagged = None if threshold is None else int(np.sum(rules.score(test_z) > threshold))
     result = {
         "test_images": int(len(test_labels)),
-        "accuracy": float(np.mean(before.argmax(axis=1) == test_labels)),
-        "calibration": {
-            "temperature": temperature,
-            "nll": {"before": rules.nll(test_z, test_labels), "after": rules.nll(test_z, test_labels, temperature)},
-            "ece": {"before": rules.expected_calibration_error(before, test_labels),
-                    "after": rules.expected_calibration_error(after, test_labels)},
-        },
+        "accuracy": float(np.mean(test_z.argmax(axis=1) == test_labels)),
+        "calibration": calibration(test_z, test_labels, temperature),
         "threshold": threshold,
-        "test_flagged": None if threshold is None else float(np.mean(rules.score(test_z) > threshold)),
+        "test_flagged": None if flagged is None else flagged / len(test_labels),
+        "test_flagged_interval_95": None if flagged is None else list(wilson(flagged, len(test_labels))),
         "sets": {},
     }
     inside = {name: fn(test_z) for name, fn in SCORES.items()}
@@ -110,10 +131,18 @@ def table(result):
                      f"{e['max_probability']['auroc']:.3f} | {e['energy']['fpr_at_95_tpr']:.1%} | "
                      f"{e['max_probability']['fpr_at_95_tpr']:.1%} | {flagged} |")
     c = result["calibration"]
-    flagged = "n/a" if result["test_flagged"] is None else f"{result['test_flagged']:.1%}"
+    flagged = "n/a"
+    if result["test_flagged"] is not None:
+        low, high = result["test_flagged_interval_95"]
+        flagged = f"{result['test_flagged']:.1%} ({low:.1%}-{high:.1%})"
+
+    def figure(name, when):
+        low, high = c[name]["interval_95"][when]
+        return f"{c[name][when]:.4f} ({low:.4f}-{high:.4f})"
+
     lines.append(f"\ntest images: {result['test_images']}, accuracy {result['accuracy']:.2%}, flagged {flagged}; "
-                 f"temperature {c['temperature']:.4f}: NLL {c['nll']['before']:.4f} -> {c['nll']['after']:.4f}, "
-                 f"ECE {c['ece']['before']:.4f} -> {c['ece']['after']:.4f}")
+                 f"temperature {c['temperature']:.4f}: NLL {figure('nll', 'before')} -> {figure('nll', 'after')}, "
+                 f"ECE {figure('ece', 'before')} -> {figure('ece', 'after')} (95% intervals: Wilson; bootstrap)")
     return "\n".join(lines)
 
 
