@@ -32,7 +32,7 @@ from torch import nn
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import airbench94_reference as reference  # noqa: E402
-from airbench_step_profile import median_seconds  # noqa: E402  (the port's profile, timed alike; stdlib only at import)
+from airbench_step_profile import median_seconds, summarise  # noqa: E402  (the port's; stdlib only at import)
 
 KINDS = (  # (kind, substrings of aten op names), first match wins
     ("convolution backward", ("convolution_backward",)),
@@ -124,16 +124,7 @@ def main():
             for _ in range(args.trace_steps):
                 step(x, y)
         types = {event.key: event.self_cpu_time_total / 1e6 for event in profile.key_averages()}
-        kinds = {}
-        for name, value in types.items():
-            kind = next((k for k, parts in KINDS if any(part in name for part in parts)), "other")
-            kinds[kind] = kinds.get(kind, 0.0) + value
-
-        def per_step(table, top=None):
-            ranked = sorted(table.items(), key=lambda kv: -kv[1])[:top]
-            return {name: round(value / args.trace_steps, 3) for name, value in ranked}
-
-        report["op_seconds_per_step"], report["top_op_types"] = per_step(kinds), per_step(types, top=15)
+        report["op_seconds_per_step"], report["top_op_types"] = summarise(types, args.trace_steps, KINDS)
     print(json.dumps(report, indent=1))
     if args.json:
         with open(args.json, "w") as f:

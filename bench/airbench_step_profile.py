@@ -74,12 +74,18 @@ def op_types(op_stats):
     return types
 
 
-def by_kind(types):
-    kinds = {}
+def summarise(types, steps, kinds=KINDS, top=15):
+    """``({kind: seconds a step}, {op type: seconds a step} of the top ``top``)`` from ``{op type: seconds}``."""
+    by_kind = {}
     for name, seconds in types.items():
-        kind = next((k for k, parts in KINDS if any(part in name for part in parts)), "other")
-        kinds[kind] = kinds.get(kind, 0.0) + seconds
-    return kinds
+        kind = next((k for k, parts in kinds if any(part in name for part in parts)), "other")
+        by_kind[kind] = by_kind.get(kind, 0.0) + seconds
+
+    def per_step(table, count=None):
+        ranked = sorted(table.items(), key=lambda kv: -kv[1])[:count]
+        return {name: round(seconds / steps, 3) for name, seconds in ranked}
+
+    return per_step(by_kind), per_step(types, top)
 
 
 def trace_ops(model, x, y, steps):
@@ -94,13 +100,7 @@ def trace_ops(model, x, y, steps):
         planes = [os.path.join(root, name) for root, _, names in os.walk(logdir) for name in names
                   if name.endswith(".xplane.pb")]
         data, _ = plugin.xspace_to_tools_data(planes, "framework_op_stats", {})
-    types = op_types(data.decode() if isinstance(data, bytes) else data)
-
-    def per_step(table, top=None):
-        ranked = sorted(table.items(), key=lambda kv: -kv[1])[:top]
-        return {name: round(seconds / steps, 3) for name, seconds in ranked}
-
-    return per_step(by_kind(types)), per_step(types, top=15)
+    return summarise(op_types(data.decode() if isinstance(data, bytes) else data), steps)
 
 
 def main():
