@@ -54,13 +54,20 @@ def mcnemar(first_right, second_right):
 
 def test_split(zip_path):
     """``(file names, uint8 images [N, 32, 32, 3], labels, class names)`` of the zip's test split, sorted by name."""
+    return read_split(zip_path, "test")
+
+
+def read_split(zip_path, split, count=None):
+    """Like :func:`test_split`, for ``split``; with ``count``, that many images spread evenly over the sorted names."""
     from PIL import Image
 
     from contract.pixels import to_rgb32
 
     with zipfile.ZipFile(zip_path) as archive:
-        names = sorted(n for n in archive.namelist() if n.startswith("test/") and n.lower().endswith((".png", ".jpg", ".jpeg")))
+        names = sorted(n for n in archive.namelist() if n.startswith(f"{split}/") and n.lower().endswith((".png", ".jpg", ".jpeg")))
         classes = sorted({n.split("/")[1] for n in names})
+        if count:
+            names = names[::max(1, len(names) // count)][:count]
         images = []
         for name in names:
             with Image.open(io.BytesIO(archive.read(name))) as image:

@@ -45,8 +45,8 @@ SCORES = {
 }
 
 
-def run_logits(run_dir):
-    """A function: uint8 images -> float64 logits of the run's model."""
+def load_run(run_dir):
+    """``(manifest, model)``: the run's model rebuilt by the registry's builder, with its weights, float32."""
     import keras
 
     from train import models
@@ -56,13 +56,22 @@ def run_logits(run_dir):
     keras.mixed_precision.set_global_policy("float32")
     model = models.build_model(manifest["model"]["name"], manifest["num_classes"], **manifest["model"].get("kwargs", {}))
     model.load_weights(os.path.join(run_dir, WEIGHTS_FILE))
+    return manifest, model
+
+
+def batched(model, images, batch=250):
+    """``model``'s float64 outputs for uint8 ``images``, ``batch`` at a time."""
+    return np.concatenate([np.asarray(model(images[i:i + batch].astype(np.float32), training=False), np.float64)
+                           for i in range(0, len(images), batch)])
+
+
+def run_logits(run_dir):
+    """``(manifest, function)``: the function maps uint8 images to float64 logits of the run's model."""
+    from train import models
+
+    manifest, model = load_run(run_dir)
     logits_model = models.logits_model(model)
-
-    def logits(images):
-        return np.concatenate([np.asarray(logits_model(images[i:i + 250].astype(np.float32), training=False), np.float64)
-                               for i in range(0, len(images), 250)])
-
-    return manifest, logits
+    return manifest, lambda images: batched(logits_model, images)
 
 
 def detection(inside, outside):
@@ -83,13 +92,15 @@ def bootstrap_interval(statistic, logits, labels, resamples=1000, seed=0):
 
 def calibration(test_z, test_labels, temperature):
     """NLL and ECE (15 bins) at temperature 1 and at ``temperature``, each with its bootstrap interval."""
-    def at(t):
-        return {"nll": lambda z, y: rules.nll(z, y, t),
-                "ece": lambda z, y: rules.expected_calibration_error(rules.softmax(z, t), y)}
+    def nll_at(t):
+        return lambda z, y: rules.nll(z, y, t)
+
+    def ece_at(t):
+        return lambda z, y: rules.expected_calibration_error(rules.softmax(z, t), y)
 
     result = {"temperature": temperature}
-    for name in ("nll", "ece"):
-        before, after = at(1.0)[name], at(temperature)[name]
+    for name, at in (("nll", nll_at), ("ece", ece_at)):
+        before, after = at(1.0), at(temperature)
         result[name] = {"before": before(test_z, test_labels), "after": after(test_z, test_labels),
                         "interval_95": {"before": bootstrap_interval(before, test_z, test_labels),
                                         "after": bootstrap_interval(after, test_z, test_labels)}}

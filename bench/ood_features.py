@@ -19,59 +19,30 @@ import argparse
 import json
 import os
 import sys
-import zipfile
 
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # the other bench scripts
 
 import ood_sets  # noqa: E402
-from accuracy_of_record import test_split  # noqa: E402
-from ood import detection, run_logits  # noqa: E402
+from accuracy_of_record import read_split  # noqa: E402
+from ood import batched, detection, load_run  # noqa: E402
 
-from contract import MANIFEST_FILE, WEIGHTS_FILE  # noqa: E402
 from contract import confidence as rules  # noqa: E402
 
 
-def feature_and_logit_models(run_dir):
-    """(one-view features model, one-view logits model) of the run's weights."""
+def feature_and_logit_models(model):
+    """(one-view features model, one-view logits model) of a run's rebuilt ``model``."""
     import keras
 
     from train import models
 
-    with open(os.path.join(run_dir, MANIFEST_FILE)) as f:
-        manifest = json.load(f)
-    model = models.build_model(manifest["model"]["name"], manifest["num_classes"], **manifest["model"].get("kwargs", {}))
-    model.load_weights(os.path.join(run_dir, WEIGHTS_FILE))
     head = model.get_layer("probabilities")
     if isinstance(head, keras.layers.Softmax):  # airbench: views inside the model
         network = model.get_layer("views").network
         return (keras.Model(network.input, network.get_layer("flatten").output),
                 keras.Model(network.input, network.output))
     return keras.Model(model.input, head.input), models.logits_model(model)
-
-
-def batched(model, images, batch=500):
-    return np.concatenate([np.asarray(model(images[i:i + batch].astype(np.float32), training=False), np.float64)
-                           for i in range(0, len(images), batch)])
-
-
-def train_sample(zip_path, count, classes):
-    """``count`` training images spread evenly over the zip's sorted training names, with their labels."""
-    import io
-
-    from PIL import Image
-
-    from contract.pixels import to_rgb32
-
-    with zipfile.ZipFile(zip_path) as archive:
-        names = sorted(n for n in archive.namelist() if n.startswith("train/") and n.lower().endswith((".png", ".jpg")))
-        names = names[::max(1, len(names) // count)][:count]
-        images = []
-        for name in names:
-            with Image.open(io.BytesIO(archive.read(name))) as image:
-                images.append(to_rgb32(image))
-    return np.stack(images), np.array([classes.index(n.split("/")[1]) for n in names])
 
 
 class Mahalanobis:
@@ -96,13 +67,16 @@ def main(argv=None):
     parser.add_argument("--json")
     args = parser.parse_args(argv)
 
-    manifest, served_logits = run_logits(args.run)
-    features_of, logits_of = feature_and_logit_models(args.run)
-    _, test_images, _, classes = test_split(args.data)
-    train_images, train_labels = train_sample(args.data, args.train_images, classes)
+    from train import models
+
+    manifest, model = load_run(args.run)
+    served_logits = models.logits_model(model)
+    features_of, logits_of = feature_and_logit_models(model)
+    _, test_images, _, classes = read_split(args.data, "test")
+    _, train_images, train_labels, _ = read_split(args.data, "train", args.train_images)
     mahalanobis = Mahalanobis(batched(features_of, train_images), train_labels, len(classes))
     scores = {
-        "energy (served)": lambda images: rules.score(served_logits(images)),
+        "energy (served)": lambda images: rules.score(batched(served_logits, images)),
         "energy, one view": lambda images: rules.score(batched(logits_of, images)),
         "mahalanobis, one view": lambda images: mahalanobis(batched(features_of, images)),
     }
