@@ -35,7 +35,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 KINDS = (  # (kind, substrings of TensorFlow op types), first match wins
     ("convolution backward", ("Conv2DBackprop",)),
-    ("convolution forward", ("Conv2D", "_FusedConv2D")),
+    ("convolution forward", ("Conv2D",)),  # and _FusedConv2D, _MklNativeConv2D
     ("batchnorm", ("BatchNorm", "Moments", "SquaredDifference", "Rsqrt")),
     ("gelu", ("Erf", "Gelu")),
     ("pooling", ("MaxPool",)),
