@@ -7,7 +7,7 @@ import tempfile
 # a global batch 8x, a distributed dataset).
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 # oneDNN on, as `python -m train` sets it (train.hardware.prepare_environment), for this process and
-# every one it starts: otherwise on an AVX2 CPU whether this process's TensorFlow had it would hang
+# every one it starts: otherwise on an AVX2 CPU whether this process's TensorFlow had it would depend
 # on whether a trainer ran in it before TensorFlow's first op.
 os.environ.setdefault("TF_ENABLE_ONEDNN_OPTS", "1")
 
