@@ -52,6 +52,18 @@ def mcnemar(first_right, second_right):
     return b, c, min(1.0, 2 * tail)
 
 
+def runs_of(path, runtime="savedmodel"):
+    """The per-image classes ``[{name: class}, ...]`` in a predictions file: every run of
+    bench/airbench94_reference.py's ``--predictions``, or ``runtime``'s answers in this script's ``--json``."""
+    with open(path) as f:
+        report = json.load(f)
+    if "runs" in report:
+        return [run["predicted"] for run in report["runs"]]
+    if runtime in report:
+        return [report[runtime]["predicted"]]
+    return [r["predicted"] for r in report.values() if isinstance(r, dict) and "predicted" in r][:1]
+
+
 def test_split(zip_path):
     """``(file names, uint8 images [N, 32, 32, 3], labels, class names)`` of the zip's test split, sorted by name."""
     return read_split(zip_path, "test")
@@ -105,8 +117,9 @@ def main(argv=None):
     p.add_argument("--model-dir", required=True, help="models/NAME (its highest version) or a version directory N/")
     p.add_argument("--json", help="write every runtime's result and per-image classes here")
     p.add_argument("--compare", action="append", default=[], metavar="PREDICTIONS.json",
-                   help="per-image classes of another model on the same images (this script's --json, or "
-                        "bench/airbench94_reference.py --predictions): McNemar against each of its runs")
+                   help="per-image classes of another model on the same images (this script's --json, its "
+                        "SavedModel's; or bench/airbench94_reference.py --predictions): McNemar against each of "
+                        "its runs; bench/seed_summary.py compares several seeds of each")
     args = p.parse_args(argv)
     version_dir = args.model_dir
     if not os.path.isfile(os.path.join(version_dir, "saved_model.pb")):
@@ -130,14 +143,11 @@ def main(argv=None):
     ours = results.get("savedmodel") or next(iter(results.values()))
     ours_right = [ours["predicted"][n] == truth[n] for n in names]
     for path in args.compare:
-        with open(path) as f:
-            other = json.load(f)
-        runs = other.get("runs") or [{"predicted": r["predicted"]} for r in other.values() if isinstance(r, dict) and "predicted" in r]
-        for i, run in enumerate(runs):
-            missing = [n for n in names if n not in run["predicted"]]
+        for i, predicted in enumerate(runs_of(path)):
+            missing = [n for n in names if n not in predicted]
             if missing:
                 raise SystemExit(f"error: {path} run {i} has no class for {len(missing)} of these images (e.g. {missing[0]})")
-            other_right = [run["predicted"][n] == truth[n] for n in names]
+            other_right = [predicted[n] == truth[n] for n in names]
             b, c, p_value = mcnemar(ours_right, other_right)
             print(f"vs {path} run {i}: ours {np.mean(ours_right):.2%}, theirs {np.mean(other_right):.2%}; "
                   f"only ours right {b}, only theirs right {c}; McNemar exact p = {p_value:.3g}")
