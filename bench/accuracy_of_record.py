@@ -1,5 +1,6 @@
 """Accuracy of record: an exported model on every runtime, scored on a zip's test images, with its
-95% Wilson interval, and compared image by image with another model on the same images (McNemar).
+95% Wilson interval and how often each runtime gives the SavedModel's class, and compared image by
+image with another model on the same images (McNemar).
 
 Typical usage::
 
@@ -130,11 +131,16 @@ def main(argv=None):
     names, images, labels, classes = test_split(args.data)
     results = score(version_dir, images, labels, names, classes)
     print(f"{len(names)} test images of {args.data}; model {version_dir}")
-    print("| runtime | accuracy | 95% Wilson interval |")
-    print("|---|---:|---|")
+    reference = results.get("savedmodel")
+    for r in results.values():
+        if reference:
+            r["agreement"] = float(np.mean([r["predicted"][n] == reference["predicted"][n] for n in names]))
+    print("| runtime | accuracy | 95% Wilson interval | the SavedModel's class |")
+    print("|---|---:|---|---:|")
     for runtime, r in results.items():
+        agreement = f"{r['agreement']:.2%}" if "agreement" in r else "(no SavedModel)"
         print(f"| {runtime} | {r['accuracy']:.2%} ({r['correct']}/{r['images']}) | "
-              f"{r['wilson_95'][0]:.2%} - {r['wilson_95'][1]:.2%} |")
+              f"{r['wilson_95'][0]:.2%} - {r['wilson_95'][1]:.2%} | {agreement} |")
     if args.json:
         os.makedirs(os.path.dirname(os.path.abspath(args.json)), exist_ok=True)
         with open(args.json, "w") as f:
