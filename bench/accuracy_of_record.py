@@ -60,9 +60,9 @@ def runs_of(path, runtime="savedmodel"):
         report = json.load(f)
     if "runs" in report:
         return [run["predicted"] for run in report["runs"]]
-    if runtime in report:
-        return [report[runtime]["predicted"]]
-    return [r["predicted"] for r in report.values() if isinstance(r, dict) and "predicted" in r][:1]
+    if runtime not in report:
+        raise SystemExit(f"error: {path} holds no {runtime} answers")
+    return [report[runtime]["predicted"]]
 
 
 def test_split(zip_path):
@@ -132,8 +132,8 @@ def main(argv=None):
     results = score(version_dir, images, labels, names, classes)
     print(f"{len(names)} test images of {args.data}; model {version_dir}")
     reference = results.get("savedmodel")
-    for r in results.values():
-        if reference:
+    if reference:
+        for r in results.values():
             r["agreement"] = float(np.mean([r["predicted"][n] == reference["predicted"][n] for n in names]))
     print("| runtime | accuracy | 95% Wilson interval | the SavedModel's class |")
     print("|---|---:|---|---:|")
@@ -146,7 +146,7 @@ def main(argv=None):
         with open(args.json, "w") as f:
             json.dump({"data": os.path.basename(args.data), "version_dir": version_dir, **results}, f)
     truth = dict(zip(names, (classes[c] for c in labels)))
-    ours = results.get("savedmodel") or next(iter(results.values()))
+    ours = reference or next(iter(results.values()))
     ours_right = [ours["predicted"][n] == truth[n] for n in names]
     for path in args.compare:
         for i, predicted in enumerate(runs_of(path)):

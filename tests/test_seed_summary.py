@@ -86,6 +86,13 @@ def test_runs_on_other_images_are_refused_in_one_line(tmp_path):
     assert len(done.stderr.strip().splitlines()) == 1
 
 
+def test_a_runtime_the_report_lacks_is_refused_not_replaced(tmp_path):
+    port = port_report(tmp_path / "p.json", range(3))  # SavedModel and int8 answers only
+    done = summary("--group", "port", port, "--runtime", "litert")
+    assert done.returncode == 1 and "Traceback" not in done.stderr
+    assert done.stderr.strip() == f"error: {port} holds no litert answers"
+
+
 @pytest.mark.parametrize("args, message", [
     (["--group", "port"], "names no predictions file"),
     (["--group", "port", "missing.json"], "no such file"),
