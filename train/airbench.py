@@ -20,6 +20,8 @@ logits of the image, its mirror and two one-pixel shifts of both (six views, air
 at six times the arithmetic of one view. Training sees one view.
 """
 
+import dataclasses
+
 import keras
 import numpy as np
 from keras import layers
@@ -62,6 +64,11 @@ AIRBENCH_RECIPE = Recipe(
     momentum=0.85,
     alternate_flips=True,
 )
+
+# The fast member of the family, the main job's default: airbench's recipe at narrower widths and
+# fewer epochs (chosen on a validation split of the training images: docs/benchmarks.md).
+FAST_WIDTHS = (64, 128, 128)
+AIRBENCH_FAST_RECIPE = dataclasses.replace(AIRBENCH_RECIPE, epochs=7)
 
 
 def _pytorch_default(seed=None):
@@ -249,14 +256,14 @@ def _norm_gelu(x, name):
     return layers.Activation("gelu", name=f"{name}_gelu")(x)
 
 
-def _network(num_classes):
+def _network(num_classes, widths=WIDTHS):
     inputs = keras.Input(shape=INPUT_SHAPE, name="pixels")
     x = layers.Normalization(mean=CIFAR10_MEAN, variance=[s * s for s in CIFAR10_STD], name="normalize")(inputs)
     x = layers.Conv2D(2 * WHITEN_PATCH * WHITEN_PATCH * INPUT_SHAPE[-1], WHITEN_PATCH, use_bias=False,
                       trainable=False, name="whiten")(x)
     x = Shift(gain=1.0, name="whiten_bias")(x)
     x = layers.Activation("gelu", name="whiten_gelu")(x)
-    for group, width in enumerate(WIDTHS, start=1):
+    for group, width in enumerate(widths, start=1):
         x = _conv(width, f"group{group}_conv1")(x)
         x = layers.MaxPooling2D(2, name=f"group{group}_pool")(x)
         x = _norm_gelu(x, f"group{group}_1")
@@ -271,9 +278,19 @@ def _network(num_classes):
 
 
 @register("airbench", AIRBENCH_RECIPE, prepare=whiten_from, callbacks=training_callbacks)
-def airbench(num_classes):
-    """airbench94's network (about 2 M parameters) with its test-time views inside the model."""
+def airbench(num_classes, widths=WIDTHS, name="airbench"):
+    """airbench94's network (about 2 M parameters) with its test-time views inside the model.
+
+    ``widths``: the channels of the three conv groups; every registered member of the family
+    (``airbench``, ``airbench_fast``) is this one builder at its own widths.
+    """
     inputs = keras.Input(shape=INPUT_SHAPE, name="images")
-    logits = Views(_network(num_classes), name="views")(inputs)
+    logits = Views(_network(num_classes, tuple(widths)), name="views")(inputs)
     outputs = layers.Softmax(dtype="float32", name="probabilities")(logits)
-    return keras.Model(inputs, outputs, name="airbench")
+    return keras.Model(inputs, outputs, name=name)
+
+
+@register("airbench_fast", AIRBENCH_FAST_RECIPE, prepare=whiten_from, callbacks=training_callbacks)
+def airbench_fast(num_classes):
+    """airbench's network at FAST_WIDTHS, trained for AIRBENCH_FAST_RECIPE's epochs: the main job's default."""
+    return airbench(num_classes, widths=FAST_WIDTHS, name="airbench_fast")
