@@ -92,7 +92,7 @@ def read_split(zip_path, split, count=None):
 def score(version_dir, images, labels, names, classes):
     """``{runtime: result}`` for every runtime whose model ``version_dir`` holds."""
     from contract import OUTPUT_PROBABILITIES
-    from serve import runtimes
+    from serve.backends import runtimes
 
     results = {}
     for runtime in runtimes.RUNTIMES:

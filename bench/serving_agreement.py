@@ -6,7 +6,7 @@ import os
 import numpy as np
 
 from contract import OUTPUT_PROBABILITIES, SAMPLES_FILE
-from serve import runtimes
+from serve.backends import runtimes
 
 
 def probabilities(model, images, batch=256):

@@ -12,7 +12,7 @@ client (no socket, no gunicorn), or one stage of that request is called directly
   server's own path, then the same without its ``before_request``/``after_request`` hooks (API
   keys, security headers, metrics), and its parts called directly: multipart parsing, decoding
   (the server's path, then Pillow alone, which the server keeps for all but plain JPEGs; one image,
-  then a 64-image request's), ``Classifier.classify`` (decoding included), and the JSON answer;
+  then a 64-image request's), ``InferenceService.classify`` (decoding included), and the JSON answer;
 * the model alone, batch 1, on one thread (what each of the default two gunicorn workers gives
   it) and on every core;
 * serve with the model in its default runtime and threads.
@@ -40,23 +40,30 @@ from bench.serving_http import BOUNDARY, PREDICT_PATH, multipart  # noqa: E402
 CONTENT_TYPE = f"multipart/form-data; boundary={BOUNDARY}"
 
 
-class Answered:
-    """A backend with ``backend``'s metadata whose ``predict`` returns outputs computed beforehand."""
+class Instant:
+    """A backend with ``backend``'s info whose ``infer`` returns a prediction made beforehand."""
 
     kind = "local"
+    loaded = True
 
     def __init__(self, backend, pixels):
-        self._meta = backend.metadata()
-        self._outputs = backend.predict(pixels)
+        self._info = backend.info()
+        self._prediction = backend.infer(pixels)
 
-    def metadata(self):
-        return self._meta
+    def info(self):
+        return self._info
 
-    def predict(self, images):
-        return self._outputs
+    def infer(self, images, version=None):
+        return self._prediction
+
+    def run(self, signature_name, inputs, version=None):
+        return self._prediction.outputs
 
     def ready(self):
-        return self._meta["version"]
+        return self._info.version
+
+    def close(self):
+        pass
 
 
 def median_ms(fn, calls, warmup=100):
@@ -85,23 +92,27 @@ def build_rows(model_dir, jpeg, jpegs):
     """``[(label, fn)]``, every row's call ready to time."""
     from flask import jsonify
 
-    from serve import classify, create_app, images, runtimes, uploads
+    from serve import create_app
+    from serve.backends import runtimes
+    from serve.core import Upload
+    from serve.core import decode as images
+    from serve.protocols import multipart as uploads
 
     body = multipart([("image.jpg", jpeg)])
     pillow = images._decode_with_pillow
-    limit = images.DEFAULT_MAX_PIXELS
     served = create_app({"MODEL_DIR": model_dir})
+    limit = served.extensions["serve.settings"].max_pixels
     backend = served.extensions["serve.backend"]
     backend.wait_loaded()
-    pixels = images.decode(jpeg)[0][None]
-    instant = Answered(backend, pixels)
+    pixels = images.decode(jpeg, limit)[0][None]
+    instant = Instant(backend, pixels)
     answered = create_app({"MODEL_DIR": model_dir}, backend=instant)
     bare = create_app({"MODEL_DIR": model_dir}, backend=instant)
     bare.before_request_funcs.clear()
     bare.after_request_funcs.clear()
-    classifier = answered.extensions["serve.classifier"]
-    upload = [classify.Upload("image.jpg", jpeg)]
-    meta, slots = classifier.classify(upload, 3)
+    service = answered.extensions["serve.service"]
+    upload = [Upload("image.jpg", jpeg)]
+    result = service.classify(upload, 3)
 
     def parse():
         with answered.test_request_context(PREDICT_PATH, method="POST", input_stream=io.BytesIO(body),
@@ -110,11 +121,12 @@ def build_rows(model_dir, jpeg, jpegs):
 
     def answer_json():
         with answered.app_context():
-            jsonify({"model": classify.model_info(meta), "predictions": [classify.public(s) for s in slots]})
+            jsonify({"model": {"name": result.model.name, "version": result.version},
+                     "predictions": [image.public() for image in result.images]})
 
-    version_dir = os.path.join(model_dir, str(backend.metadata()["version"]))
+    version_dir = os.path.join(model_dir, str(backend.info().version))
     cores = len(os.sched_getaffinity(0))
-    threads = served.config["RUNTIME_THREADS"] or runtimes.default_threads()  # what the served model got
+    threads = served.extensions["serve.settings"].runtime_threads or runtimes.default_threads()  # what the served model got
     one_thread = runtimes.load(backend.runtime, version_dir, 1)
     every_core = runtimes.load(backend.runtime, version_dir, cores)
     return [
@@ -122,11 +134,11 @@ def build_rows(model_dir, jpeg, jpegs):
         ("serve, model answering at once", poster(answered, body)),
         ("  the same without the before/after hooks", poster(bare, body)),
         ("  multipart parsing (in a request context)", parse),
-        ("  decoding the JPEG (the server's path: simplejpeg)", lambda: images.decode(jpeg)),
+        ("  decoding the JPEG (the server's path: simplejpeg)", lambda: images.decode(jpeg, limit)),
         ("  decoding the JPEG (Pillow)", lambda: pillow(jpeg, limit)),
-        (f"  decoding {len(jpegs)} JPEGs (the server's path)", lambda: images.decode_many(jpegs)),
+        (f"  decoding {len(jpegs)} JPEGs (the server's path)", lambda: images.decode_many(jpegs, limit)),
         (f"  decoding {len(jpegs)} JPEGs (Pillow)", lambda: [pillow(data, limit) for data in jpegs]),
-        ("  Classifier.classify, decoding included", lambda: classifier.classify(upload, 3)),
+        ("  InferenceService.classify, decoding included", lambda: service.classify(upload, 3)),
         ("  the JSON answer", answer_json),
         (f"model alone ({backend.runtime}), batch 1, 1 thread", lambda: one_thread.pixels(pixels)),
         (f"model alone ({backend.runtime}), batch 1, {cores} threads", lambda: every_core.pixels(pixels)),

@@ -9,7 +9,7 @@ uint8 pixels to ``serving_default``. The SavedModel's own ``predict_images`` gra
 
 import io
 
-#: Formats the server accepts (serve.images.ALLOWED_FORMATS); the client reads the same ones.
+#: Formats the server accepts (serve.core.decode.ALLOWED_FORMATS); the client reads the same ones.
 FORMATS = ("PNG", "JPEG", "GIF", "BMP", "WEBP")
 #: The server's default pixel cap (SERVE_MAX_PIXELS); a larger image is refused before it is decoded.
 MAX_PIXELS = 4096 * 4096

@@ -39,8 +39,10 @@ OUTPUT_OOD_SCORE = "ood_score"
 #: The score at or under the threshold export chose on held-out images, bool [None]; only models
 #: trained with a held-out slice have it (without one there is no threshold to choose).
 OUTPUT_IN_DISTRIBUTION = "in_distribution"
+#: Outputs only some models have, in this order: how foreign each image looks, and the verdict.
+CONFIDENCE_OUTPUTS = (OUTPUT_OOD_SCORE, OUTPUT_IN_DISTRIBUTION)
 #: Everything a model exported from a run with a held-out slice answers.
-CALIBRATED_OUTPUTS = (*OUTPUTS, OUTPUT_OOD_SCORE, OUTPUT_IN_DISTRIBUTION)
+CALIBRATED_OUTPUTS = (*OUTPUTS, *CONFIDENCE_OUTPUTS)
 
 #: Files the training stage hands to the export stage.
 WEIGHTS_FILE = "model.weights.h5"
@@ -58,10 +60,18 @@ HOLDOUT_FILE = "holdout.npz"
 #: LiteRT model in float32 (the name TF Serving loads with ``--prefer_tflite_model``), and
 #: the same quantized to int8. Export writes each only after it agreed with the SavedModel.
 LITERT_FILE = "model.tflite"
-#: The runtime a server uses unless told otherwise (serve.runtimes says why): export fails when
-#: it cannot publish that runtime's model, and only warns about the others.
-DEFAULT_SERVING_RUNTIME = "litert"
 LITERT_INT8_FILE = "model.int8.tflite"
+#: The in-process runtimes of a published version (serve.backends.runtimes runs them).
+RUNTIME_LITERT, RUNTIME_LITERT_INT8, RUNTIME_SAVEDMODEL = "litert", "litert-int8", "savedmodel"
+SERVING_RUNTIMES = (RUNTIME_LITERT, RUNTIME_LITERT_INT8, RUNTIME_SAVEDMODEL)
+#: The runtime a server uses unless told otherwise (serve.backends.runtimes says why): export fails
+#: when it cannot publish that runtime's model, and only warns about the others.
+DEFAULT_SERVING_RUNTIME = RUNTIME_LITERT
+
+#: The URL prefixes of the server's protocols: its JSON API, TF Serving's REST API, the Open
+#: Inference Protocol. Every route under them answers JSON errors and needs an API key when keys are on.
+API_PREFIX, TFSERVING_REST_PREFIX, V2_PREFIX = "/api/v1", "/v1/models", "/v2"
+API_ROOTS = ("/api", "/v1", "/v2")
 
 #: Inside a SavedModel version directory: a copy of the manifest, and TF Serving's
 #: warmup records.

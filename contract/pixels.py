@@ -1,6 +1,6 @@
 """The one rule that turns an image into model input: uint8 RGB, 32x32, for training and serving alike.
 
-Training's loaders (:mod:`train.data`) and the server (:mod:`serve.images`) both call
+Training's loaders (:mod:`train.data`) and the server (:mod:`serve.core.decode`) both call
 :func:`to_rgb32` on the Pillow image they opened, so the same file gives the same pixels in both
 (``tests/test_pixels.py`` checks formats and modes). The server's one exception, plain 32x32
 JPEGs decoded by simplejpeg, gives the same pixels (``tests/test_serve_uploads.py`` checks). Which files each stage accepts, and how it

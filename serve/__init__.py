@@ -16,43 +16,46 @@ import time
 from flask import Flask, g, jsonify, request
 from werkzeug.exceptions import HTTPException
 
-JSON_PREFIXES = ("/api/", "/v1/", "/v2")
+from contract import API_ROOTS
+
+#: Paths under these answer errors as JSON (``{"error": ...}``), the rest as the form page.
+JSON_PREFIXES = tuple(f"{root}/" for root in API_ROOTS)
 
 
 def create_app(config=None, backend=None):
-    """Build the app: defaults from the environment, then ``config``; ``backend`` replaces the configured one."""
-    from serve import api, backends, classify, health, metrics, settings, tfserving_api, v2_api, web
+    """Build the app: settings from the environment, then ``config`` (setting keys such as ``MODEL_DIR``, and
+    Flask's own such as ``TESTING``); ``backend`` (a :class:`serve.core.model.Backend`) replaces the configured one.
+
+    The pieces get their typed settings in their constructors: the metrics, the security hooks, the
+    backend and the :class:`~serve.core.service.InferenceService` that every protocol calls.
+    """
+    from serve import backends, bodies, health, metrics, security, settings
+    from serve.core import InferenceService
+    from serve.protocols import api, tfserving_rest, v2_rest, web
 
     app = Flask(__name__)
     # One typed, checked settings object: a bad value stops the start here, naming its variable.
     configured = settings.Settings.from_env(overrides=config)
-    known = configured.flask_config()
-    app.config.update(known)
-    app.config.from_mapping({k: v for k, v in (config or {}).items() if k not in known})
+    app.config.from_mapping({k: v for k, v in (config or {}).items() if k not in settings.Settings.keys()})
+    app.config["MAX_CONTENT_LENGTH"] = configured.max_upload_bytes
+    app.extensions["serve.settings"] = configured
     # A body that cannot be read (JSON however deep, a broken chunked body) is a 400 on every route.
-    from serve import bodies
-
     bodies.init_app(app)
 
     app_metrics = metrics.Metrics(multiprocess=bool(configured.prometheus_multiproc_dir))
     app.extensions["serve.metrics"] = app_metrics
     # API keys, rate limits, CORS, security headers, ProxyFix (serve/security.py); before the model
     # loads, so that an unreadable key file stops the start at once.
-    from serve import security
-
-    security.init_app(app, app_metrics)
+    security.init_app(app, configured, app_metrics)
     if backend is None:
-        backend = backends.from_config(
-            app.config, on_batch=app_metrics.batch_size.observe, on_load=app_metrics.model_loaded,
-            on_skip=app_metrics.version_skipped,
-        )
+        backend = backends.from_settings(configured, app_metrics)
     app.extensions["serve.backend"] = backend
+    service = InferenceService(backend, configured.model_name, configured.limits(), app_metrics)
+    app.extensions["serve.service"] = service
     app.extensions["serve.readiness"] = health.Readiness(backend)
-    # The core of / and /api/v1/predict, given what it needs instead of reaching into the app.
-    app.extensions["serve.classifier"] = classify.Classifier(backend, app.config["MAX_PIXELS"], app_metrics.images.inc,
-                                                             app_metrics.answers)
+    app.context_processor(lambda: {"model_name": configured.model_name})
 
-    for blueprint in (web.bp, api.bp, tfserving_api.bp, v2_api.bp, health.bp):
+    for blueprint in (web.bp, api.bp, tfserving_rest.bp, v2_rest.bp, health.bp):
         app.register_blueprint(blueprint)
 
     @app.before_request
@@ -70,15 +73,15 @@ def create_app(config=None, backend=None):
 
     @app.errorhandler(HTTPException)
     def _http_error(e):
-        if request.path.startswith(JSON_PREFIXES):
+        if request.path.startswith(JSON_PREFIXES) or request.path in API_ROOTS:
             description = e.description
             if e.code == 413:
-                description = f"the request is larger than the {app.config['MAX_CONTENT_LENGTH'] / 1048576:g} MiB limit"
+                description = f"the request is larger than the {configured.max_upload_mb:g} MiB limit"
             elif e.code == 404:
                 description = f"no route {request.path}"
             return jsonify(error=description), e.code
         if e.code == 413:
-            return web.render_error(f"The upload is larger than the {app.config['MAX_CONTENT_LENGTH'] / 1048576:g} MiB limit.", 413)
+            return web.render_error(f"The upload is larger than the {configured.max_upload_mb:g} MiB limit.", 413)
         return e
 
     @app.errorhandler(Exception)

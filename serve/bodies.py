@@ -32,6 +32,8 @@ from flask import current_app, jsonify, request
 from flask.json.provider import DefaultJSONProvider
 from werkzeug.exceptions import BadRequest, HTTPException
 
+from serve.core.errors import ServeError
+
 NESTED_TOO_DEEPLY = "nested too deeply"
 #: Most bytes of a refused request's unread body read before answering, so its connection stays usable.
 DRAIN_LIMIT = 1024 * 1024
@@ -51,11 +53,11 @@ class JSONProvider(DefaultJSONProvider):
 
 
 def request_json():
-    """The request body decoded as JSON, whatever its Content-Type; ``ValueError`` says why not."""
+    """The request body decoded as JSON, whatever its Content-Type; a 400 :class:`ServeError` says why not."""
     try:
         return current_app.json.loads(request.get_data(cache=True))
     except ValueError as e:
-        raise ValueError(f"the body is not valid JSON ({e})") from None
+        raise ServeError(f"the body is not valid JSON ({e})") from None
 
 
 def init_app(app):

@@ -10,8 +10,9 @@ import time
 
 from flask import Blueprint, Response, current_app, jsonify
 
-from serve import served
-from serve.errors import ServeError
+from serve.core import ServeError
+from serve.protocols import service
+from serve.protocols.api import skipped_versions
 
 bp = Blueprint("health", __name__)
 
@@ -20,7 +21,7 @@ PROBE_INTERVAL_S = 1.0
 
 
 class Readiness:
-    """The backend's ``ready()``, run at most once every ``interval_s`` seconds; its version, or the ``ServeError``."""
+    """``ready()`` of a backend (or the service), run at most once every ``interval_s`` seconds; its version, or the ``ServeError``."""
 
     def __init__(self, backend, interval_s=PROBE_INTERVAL_S, clock=time.monotonic):
         self._backend = backend
@@ -32,7 +33,7 @@ class Readiness:
 
     def check(self):
         """The served version; raises the probe's ``ServeError`` (503) when it failed."""
-        if not getattr(self._backend, "loaded", True):
+        if not self._backend.loaded:
             # Still loading: the answer (503) costs no model call, and must turn to 200 the
             # moment the model is in, not up to a second later.
             return self._unwrap(self._probe())
@@ -66,17 +67,25 @@ def healthz():
 
 @bp.get("/readyz")
 def readyz():
-    backend = current_app.extensions["serve.backend"]
-    skipped = served.skipped_versions(getattr(backend, "skipped_versions", None))
-    extra = {"skipped_versions": skipped} if skipped else {}
+    served = service()
     try:
         version = current_app.extensions["serve.readiness"].check()
+        info = served.info()
     except ServeError as e:
-        return jsonify(error=str(e), backend=backend.kind, **extra), e.status
-    return jsonify(
-        status="ready", model=current_app.config["MODEL_NAME"], version=version, backend=backend.kind,
-        runtime=getattr(backend, "runtime", None), **extra,
-    )
+        return jsonify(error=str(e), backend=served.kind, **_skipped(served)), e.status
+    return jsonify(status="ready", model=served.model_name, version=version, backend=served.kind, runtime=info.runtime,
+                   **_skipped(served))
+
+
+def _skipped(served):
+    """``{"skipped_versions": [...]}`` when versions newer than the served one were passed over, else ``{}``."""
+    if not served.backend.loaded:
+        return {}
+    try:
+        skipped = skipped_versions(served.info().skipped_versions)
+    except ServeError:
+        return {}
+    return {"skipped_versions": skipped} if skipped else {}
 
 
 @bp.get("/metrics")

@@ -37,8 +37,9 @@ import time
 
 from flask import current_app, g, jsonify, request
 
-API_PREFIXES = ("/api/", "/v1/", "/v2/")
-API_ROOTS = ("/api", "/v1", "/v2")
+from contract import API_ROOTS
+
+API_PREFIXES = tuple(root + "/" for root in API_ROOTS)
 OPEN_PATHS = ("/healthz", "/readyz")
 OPEN_PREFIXES = ("/static/",)
 METRICS_PATH = "/metrics"
@@ -128,26 +129,26 @@ def matches(presented, keys):
 class Security:
     """The settings of one app, and the request hooks that apply them."""
 
-    def __init__(self, app, metrics):
-        config = app.config
+    def __init__(self, settings, metrics):
         self.metrics = metrics
-        self.api_keys = load_keys(config.get("API_KEYS"), config.get("API_KEY_FILE"))
-        self.metrics_keys = load_keys(config.get("METRICS_KEYS"), config.get("METRICS_KEY_FILE"))
+        self.api_keys = load_keys(settings.api_keys, settings.api_key_file)
+        self.metrics_keys = load_keys(settings.metrics_keys, settings.metrics_key_file)
         self.keys = {
             "api": self.api_keys,
-            "form": self.api_keys if config.get("FORM_NEEDS_KEY", True) else (),
+            "form": self.api_keys if settings.form_needs_key else (),
             "metrics": self.metrics_keys or self.api_keys,
             "open": (),
         }
         # The values were checked by serve.settings when the app was made.
         self.limits = {
-            "api": config.get("RATE_LIMIT_API") or config.get("RATE_LIMIT") or "",
-            "form": config.get("RATE_LIMIT_FORM") or config.get("RATE_LIMIT") or "",
-            "metrics": config.get("RATE_LIMIT") or "",
-            "open": config.get("RATE_LIMIT_OPEN") or "",
+            "api": settings.rate_limit_api or settings.rate_limit,
+            "form": settings.rate_limit_form or settings.rate_limit,
+            "metrics": settings.rate_limit,
+            "open": settings.rate_limit_open,
         }
-        self.cors_origins = split_list(config.get("CORS_ORIGINS"))
-        self.trusted_proxies = int(config.get("TRUSTED_PROXIES") or 0)
+        self.store = settings.rate_limit_store
+        self.cors_origins = split_list(settings.cors_origins)
+        self.trusted_proxies = settings.trusted_proxies
         self.limiter = None
 
     # -- identity ---------------------------------------------------------------------------
@@ -185,7 +186,7 @@ class Security:
 
     def _unauthorized(self, area, reason):
         if area == "form":
-            from serve import web
+            from serve.protocols import web
 
             message = (
                 "This page needs an API key. Reload it and give the key as the password when the browser "
@@ -218,7 +219,7 @@ class Security:
         current = self.limiter.current_limit if self.limiter is not None else None
         wait = max(1, int(current.reset_at - time.time())) if current is not None else 1
         if area == "form":
-            from serve import web
+            from serve.protocols import web
 
             return web.render_error(
                 f"Too many requests from you: the limit is {e.description}. Try again in {wait} s.", 429
@@ -237,9 +238,9 @@ class Security:
         return response
 
 
-def init_app(app, metrics):
-    """Install the proxy fix, headers, rate limits, API keys and CORS that ``app.config`` asks for."""
-    security = Security(app, metrics)
+def init_app(app, settings, metrics):
+    """Install the proxy fix, headers, rate limits, API keys and CORS that ``settings`` ask for."""
+    security = Security(settings, metrics)
     app.extensions["serve.security"] = security
 
     if security.trusted_proxies:
@@ -258,7 +259,7 @@ def init_app(app, metrics):
             key_func=security.client_id,
             # shared, with the area as its scope: one count per client for every route of an area.
             default_limits=[Limit(security.rate_limit_for_request, shared=True, scope=lambda endpoint: area_of(request.path))],
-            storage_uri=app.config.get("RATE_LIMIT_STORE") or "memory://",
+            storage_uri=security.store,
             headers_enabled=True,
             # If Redis goes away, count in memory (per worker) rather than answer 500.
             in_memory_fallback_enabled=True,
@@ -274,7 +275,7 @@ def init_app(app, metrics):
 
         CORS(
             app,
-            resources={r"/(api|v1|v2)(/.*)?": {}},
+            resources={rf"/({'|'.join(root.strip('/') for root in API_ROOTS)})(/.*)?": {}},
             origins=security.cors_origins,
             methods=["GET", "POST"],
             allow_headers=CORS_ALLOWED,

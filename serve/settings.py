@@ -15,11 +15,11 @@ import dataclasses
 import os
 import re
 
-from contract import DEFAULT_MODEL_NAME, DEFAULT_SERVING_RUNTIME
+from contract import DEFAULT_MODEL_NAME, DEFAULT_SERVING_RUNTIME, SERVING_RUNTIMES
 
 DEFAULT_MODEL_BASE_PATH = "/models"
 DEFAULT_BACKEND = "local"
-DEFAULT_RUNTIME = DEFAULT_SERVING_RUNTIME  # why: serve.runtimes
+DEFAULT_RUNTIME = DEFAULT_SERVING_RUNTIME  # why: serve.backends.runtimes
 DEFAULT_TIMEOUT_S = 5.0
 DEFAULT_TFSERVING_MAX_BATCH = 128  # deploy/batching.config's max_batch_size
 DEFAULT_MODEL_POLL_S = 30.0
@@ -30,7 +30,7 @@ DEFAULT_MAX_UPLOAD_MB = 16.0
 DEFAULT_MAX_PIXELS = 4096 * 4096
 DEFAULT_TOP_K = 3
 BACKENDS = ("local", "tfserving-rest", "tfserving-grpc")
-RUNTIMES = ("litert", "litert-int8", "savedmodel")
+RUNTIMES = SERVING_RUNTIMES
 LOG_LEVELS = ("debug", "info", "warning", "error", "critical")
 DEFAULT_RATE_LIMIT_STORE = "memory://"
 #: The storage schemes Flask-Limiter's ``limits`` package accepts.
@@ -241,12 +241,21 @@ class Settings:
                 raise SettingsError(f"{source}={raw!r}: {e}") from None
         return cls(**values)
 
-    def flask_config(self):
-        """The Flask config keys the app and its modules read (``MAX_CONTENT_LENGTH`` in bytes)."""
-        config = {_key(f): getattr(self, f.name) for f in dataclasses.fields(self)}
-        config["MAX_CONTENT_LENGTH"] = int(self.max_upload_mb * 1024 * 1024)
-        config["SETTINGS"] = self
-        return config
+    @property
+    def max_upload_bytes(self):
+        """``SERVE_MAX_UPLOAD_MB`` in bytes: Flask's ``MAX_CONTENT_LENGTH``."""
+        return int(self.max_upload_mb * 1024 * 1024)
+
+    def limits(self):
+        """What one request may ask of the model, for :class:`serve.core.service.InferenceService`."""
+        from serve.core.service import Limits
+
+        return Limits(max_images=self.max_images, max_pixels=self.max_pixels, top_k=self.top_k)
+
+    @classmethod
+    def keys(cls):
+        """The override key of every setting (its field name in capitals): what ``from_env(overrides=...)`` takes."""
+        return {_key(f) for f in dataclasses.fields(cls)}
 
     def describe(self):
         """``NAME=value`` lines for ``python -m serve --check``; keys are counted, never shown."""
@@ -265,8 +274,3 @@ def _key(field):
 
 def _env(name):
     return next(f.metadata["env"] for f in dataclasses.fields(Settings) if f.name == name)
-
-
-def from_environ(environ=None):
-    """Flask config keys from the environment variables (serve/README.md lists them)."""
-    return Settings.from_env(environ).flask_config()

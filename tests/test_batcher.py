@@ -4,7 +4,7 @@ import threading
 
 import numpy as np
 
-from serve.batcher import Batcher
+from serve.backends.batcher import Batcher
 
 DEADLINE_S = 60  # how long a step may take on a loaded machine before the test calls it stuck
 

@@ -45,3 +45,40 @@ def test_the_scan_sees_imports_inside_functions():
     """export imports train's builder inside functions: the scan must find it, or it proves nothing."""
     assert "train" in imported_packages(ROOT / "export" / "verify.py")
     assert "tfs_protos" in imported_packages(ROOT / "serve" / "backends" / "tfserving.py")
+
+
+#: Inside serve: protocols -> core -> backends and runtimes. What each layer may not import.
+SERVE_FORBIDDEN = {
+    "serve/protocols": ("serve.backends", "serve.core.decode", "serve.published", "flask_limiter"),
+    "serve/core": ("flask", "werkzeug", "serve.protocols", "serve.backends", "serve.security", "serve.health"),
+    "serve/backends": ("flask", "werkzeug", "serve.protocols", "serve.core.service"),
+}
+
+
+def imported_modules(path):
+    """Every module ``path`` imports (``from a.b import c`` counts as ``a.b`` and ``a.b.c``)."""
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            found.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            found.add(node.module)
+            found.update(f"{node.module}.{alias.name}" for alias in node.names)
+    return found
+
+
+def test_serve_layers_protocols_over_core_over_backends():
+    """No protocol reaches past the core (to a backend, a runtime, the batcher or the decoder); the core knows no Flask."""
+    wrong = {}
+    for folder, forbidden in SERVE_FORBIDDEN.items():
+        for path in sorted((ROOT / folder).rglob("*.py")):
+            bad = sorted(m for m in imported_modules(path) if m.startswith(forbidden))
+            if bad:
+                wrong[str(path.relative_to(ROOT))] = bad
+    assert not wrong, f"imports against serve's layers: {wrong}"
+
+
+def test_the_serve_scan_sees_what_it_forbids():
+    """The scan finds the decoder in the core and the batcher in the local backend, or it proves nothing."""
+    assert "serve.core.decode" in imported_modules(ROOT / "serve" / "core" / "service.py")
+    assert "serve.backends.batcher" in imported_modules(ROOT / "serve" / "backends" / "local.py")

@@ -1,6 +1,7 @@
-"""One decoder: an encoded image gets the same answer on every route, runtime and backend.
+"""One decoder, one core: an image gets the same answer on every route, runtime and backend, and
+moves every per-image metric by exactly one whichever route it came by.
 
-Every encoded image that reaches the server is decoded by ``serve/images.py`` (EXIF orientation,
+Every encoded image that reaches the server is decoded by ``serve/core/decode.py`` (EXIF orientation,
 Pillow's BILINEAR resize, the pixel cap); runtimes and TF Serving receive pixels. The images here
 are the ones where two decoders part ways: a JPEG whose EXIF block turns it, and a 640x480 PNG.
 """
@@ -17,6 +18,7 @@ import contract
 import synthetic
 from live_server import live_server  # noqa: F401  (imported for its fixture)
 from tfserving_standin import tfserving  # noqa: F401  (imported for its fixture)
+from serve.settings import DEFAULT_MAX_PIXELS
 
 RUNTIMES = ("litert", "litert-int8", "savedmodel")
 REMOTE = ("tfserving-rest", "tfserving-grpc")
@@ -48,34 +50,73 @@ IMAGES = {"rotated-jpeg": _rotated_jpeg(), "640x480-png": _large_png()}
 
 def test_the_images_are_ones_where_decoders_differ():
     """Without EXIF the JPEG's pixels would not be the server's, and the PNG must be resized: the test below means something."""
-    from serve import images
+    from serve.core import decode as images
 
-    turned, _ = images.decode(IMAGES["rotated-jpeg"])
+    turned, _ = images.decode(IMAGES["rotated-jpeg"], DEFAULT_MAX_PIXELS)
     plain = np.asarray(Image.open(io.BytesIO(IMAGES["rotated-jpeg"])).convert("RGB").resize((32, 32), Image.BILINEAR))
     assert np.abs(turned.astype(int) - plain.astype(int)).mean() > 20
     assert Image.open(io.BytesIO(IMAGES["640x480-png"])).size == (640, 480)
 
 
+#: The metrics every image answered moves by one, whichever route it came by (serve.core.service).
+PER_IMAGE = ("serve_images_total", "serve_top_probability_count", "serve_ood_score_count")
+
+
+def _per_image(client):
+    registry = client.application.extensions["serve.metrics"]._registry
+    return {name: sum(s.value for m in registry.collect() for s in m.samples if s.name == name) for name in PER_IMAGE}
+
+
 def _answers(client, data):
-    """``{route: probabilities}`` for ``data`` sent by every route that takes encoded images."""
+    """``{route: probabilities}`` for ``data`` sent by every route, encoded or as the server's own pixels.
+
+    Each route must move every per-image metric by exactly one.
+    """
     b64 = base64.b64encode(data).decode()
+    pixels = _pixels(data).tolist()
+    routes = {
+        "api-multipart": lambda: client.post("/api/v1/predict?top_k=10", **synthetic.multipart(("x.img", data))),
+        "api-json": lambda: client.post("/api/v1/predict?top_k=10", json={"instances": [{"b64": b64}]}),
+        "v1-rows": lambda: client.post("/v1/models/cifar10:predict", json={"signature_name": contract.SIGNATURE_BYTES,
+                                                                          "instances": [{"b64": b64}]}),
+        "v1-columns": lambda: client.post("/v1/models/cifar10:predict", json={
+            "signature_name": contract.SIGNATURE_BYTES, "inputs": {"image_bytes": [{"b64": b64}]}}),
+        "v1-pixels": lambda: client.post("/v1/models/cifar10:predict", json={"instances": [pixels]}),
+        "v2": lambda: client.post("/v2/models/cifar10/infer", json={"inputs": [{
+            "name": "image_bytes", "datatype": "BYTES", "shape": [1], "parameters": {"content_type": "base64"}, "data": [b64]}],
+            "outputs": [{"name": "probabilities"}]}),
+        "v2-pixels": lambda: client.post("/v2/models/cifar10/infer", json={"inputs": [{
+            "name": "images", "datatype": "UINT8", "shape": [1, 32, 32, 3], "data": np.ravel(pixels).tolist()}],
+            "outputs": [{"name": "probabilities"}]}),
+        # top_k=1: the one bar is the model's class, whether the headline is the label or the foreign-image verdict.
+        "form-label": lambda: client.post("/", data={"top_k": "1", "file": (io.BytesIO(data), "x.img")},
+                                          content_type="multipart/form-data"),
+    }
+    read = {
+        "api-multipart": lambda r: _from_top_k(r.get_json()["predictions"][0]),
+        "api-json": lambda r: _from_top_k(r.get_json()["predictions"][0]),
+        "v1-rows": lambda r: np.array(r.get_json()["predictions"][0]["probabilities"]),
+        "v1-columns": lambda r: np.array(r.get_json()["outputs"]["probabilities"][0]),
+        "v1-pixels": lambda r: np.array(r.get_json()["predictions"][0]["probabilities"]),
+        "v2": lambda r: np.array(r.get_json()["outputs"][0]["data"]),
+        "v2-pixels": lambda r: np.array(r.get_json()["outputs"][0]["data"]),
+        "form-label": lambda r: re.search(r'<span class="name">([^<]+)</span>', r.get_data(as_text=True)).group(1).strip(),
+    }
     answers = {}
-    multipart = client.post("/api/v1/predict?top_k=10", **synthetic.multipart(("x.img", data)))
-    answers["api-multipart"] = _from_top_k(multipart.get_json()["predictions"][0])
-    as_json = client.post("/api/v1/predict?top_k=10", json={"instances": [{"b64": b64}]})
-    answers["api-json"] = _from_top_k(as_json.get_json()["predictions"][0])
-    rows = client.post("/v1/models/cifar10:predict", json={"signature_name": contract.SIGNATURE_BYTES, "instances": [{"b64": b64}]})
-    answers["v1-rows"] = np.array(rows.get_json()["predictions"][0]["probabilities"])
-    columns = client.post("/v1/models/cifar10:predict", json={"signature_name": contract.SIGNATURE_BYTES, "inputs": {"image_bytes": [{"b64": b64}]}})
-    answers["v1-columns"] = np.array(columns.get_json()["outputs"]["probabilities"][0])
-    v2 = client.post("/v2/models/cifar10/infer", json={"inputs": [{
-        "name": "image_bytes", "datatype": "BYTES", "shape": [1], "parameters": {"content_type": "base64"}, "data": [b64]}],
-        "outputs": [{"name": "probabilities"}]})
-    answers["v2"] = np.array(v2.get_json()["outputs"][0]["data"])
-    page = client.post("/", data={"top_k": "1", "file": (io.BytesIO(data), "x.img")}, content_type="multipart/form-data")
-    # top_k=1: the one bar is the model's class, whether the headline is the label or the foreign-image verdict.
-    answers["form-label"] = re.search(r'<span class="name">([^<]+)</span>', page.get_data(as_text=True)).group(1).strip()
+    for route, send in routes.items():
+        before = _per_image(client)
+        answer = send()
+        assert answer.status_code == 200, (route, answer.get_data(as_text=True)[:300])
+        after = _per_image(client)
+        assert {k: after[k] - before[k] for k in PER_IMAGE} == dict.fromkeys(PER_IMAGE, 1), route
+        answers[route] = read[route](answer)
     return answers
+
+
+def _pixels(data):
+    from serve.core import decode
+
+    return decode.decode(data, DEFAULT_MAX_PIXELS)[0]
 
 
 def _from_top_k(prediction):

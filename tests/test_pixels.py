@@ -6,8 +6,9 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from serve import images as serve_images
+from serve.core import decode as serve_images
 from train import data
+from serve.settings import DEFAULT_MAX_PIXELS
 
 
 def _rng():
@@ -65,7 +66,7 @@ def loaded(tmp_path_factory):
 @pytest.mark.parametrize("name", sorted(CASES))
 def test_training_and_serving_give_identical_pixels(loaded, name):
     blobs, trained = loaded
-    served, _ = serve_images.decode(blobs[name])
+    served, _ = serve_images.decode(blobs[name], DEFAULT_MAX_PIXELS)
     assert served.shape == (32, 32, 3) and served.dtype == np.uint8
     np.testing.assert_array_equal(trained[name], served)
 

@@ -614,11 +614,12 @@ def test_redis_limit_is_shared_by_two_workers(shared, redis_url):
 
 class _BrokenBackend:
     kind = "broken"
+    loaded = True
 
     def ready(self):
         return 1
 
-    def metadata(self):
+    def info(self):
         raise RuntimeError("the backend broke")
 
     def close(self):
@@ -654,13 +655,13 @@ def test_bad_security_settings_stop_the_start(tmp_path, config, words):
 
 
 def test_settings_from_the_environment():
-    from serve import settings
+    from serve.settings import Settings
 
-    off = settings.from_environ({})
-    assert (off["API_KEYS"], off["RATE_LIMIT"], off["CORS_ORIGINS"], off["TRUSTED_PROXIES"]) == ("", "", "", 0)
-    assert off["FORM_NEEDS_KEY"] is True and off["RATE_LIMIT_STORE"] == "memory://"
-    on = settings.from_environ({"SERVE_FORM_NEEDS_KEY": "0", "SERVE_RATE_LIMIT_STORE": "redis://r:6379/1", "SERVE_TRUSTED_PROXIES": "2"})
-    assert on["FORM_NEEDS_KEY"] is False and on["RATE_LIMIT_STORE"] == "redis://r:6379/1" and on["TRUSTED_PROXIES"] == 2
+    off = Settings.from_env({})
+    assert (off.api_keys, off.rate_limit, off.cors_origins, off.trusted_proxies) == ("", "", "", 0)
+    assert off.form_needs_key is True and off.rate_limit_store == "memory://"
+    on = Settings.from_env({"SERVE_FORM_NEEDS_KEY": "0", "SERVE_RATE_LIMIT_STORE": "redis://r:6379/1", "SERVE_TRUSTED_PROXIES": "2"})
+    assert on.form_needs_key is False and on.rate_limit_store == "redis://r:6379/1" and on.trusted_proxies == 2
 
 
 def test_a_key_is_compared_with_every_key_in_constant_time(monkeypatch):

@@ -77,7 +77,7 @@ def keyless(app):
     ids=["bad-multipart", "bad-json", "too-large", "tfserving-bad-json", "form-garbage"],
 )
 def test_without_the_key_hostile_input_is_401_unread(keyless, monkeypatch, path, kwargs):
-    from serve import uploads
+    from serve.protocols import multipart as uploads
 
     def never(*args, **kwargs):
         raise AssertionError("the body of a request without a key was parsed")

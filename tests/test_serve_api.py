@@ -12,6 +12,7 @@ from PIL import Image
 
 import contract
 import synthetic
+from serve.settings import DEFAULT_MAX_PIXELS
 
 LABELS = synthetic.CLASS_NAMES
 
@@ -98,28 +99,33 @@ def test_predict_json_b64_matches_multipart(client, samples):
     assert p["probability"] == multipart["predictions"][0]["probability"]
 
 
-def test_classifier_runs_without_flask(app, samples, savedmodel):
-    """The core of / and /api/v1/predict needs no app: its backend, pixel limit and image counter are handed in."""
+def test_the_service_runs_without_flask(app, samples, savedmodel):
+    """The core of every route needs no app: its backend, limits and metrics are handed in."""
     import flask
 
-    from serve import classify
+    from serve.core import Answered, InferenceService, Limits, Refused, Upload
+    from serve.metrics import Metrics
 
     images, _ = samples
-    counted = []
-    core = classify.Classifier(app.extensions["serve.backend"], max_pixels=32 * 32, on_images=counted.append)
+    metrics = Metrics()
+    core = InferenceService(app.extensions["serve.backend"], "cifar10", Limits(max_images=8, max_pixels=32 * 32, top_k=3),
+                            metrics)
     uploads = [
-        classify.Upload("a.png", png(images[0])),
-        classify.Upload(error="is not valid base64"),
-        classify.Upload("big.png", png(np.zeros((33, 32, 3), np.uint8))),
+        Upload("a.png", png(images[0])),
+        Upload(error="is not valid base64"),
+        Upload("big.png", png(np.zeros((33, 32, 3), np.uint8))),
     ]
     assert not flask.has_app_context()
-    meta, slots = core.classify(uploads, top_k=2)
-    assert meta["name"] == "cifar10"
-    assert slots[0]["class_id"] == int(np.argmax(model_probabilities(savedmodel, images[0])))
-    assert [t["class_id"] for t in slots[0]["top_k"]][:1] == [slots[0]["class_id"]] and len(slots[0]["top_k"]) == 2
-    assert slots[1] == {"filename": None, "error": "instance 1: is not valid base64", "status": 400}
-    assert slots[2]["status"] == 413 and slots[2]["error"].startswith("'big.png' has too many pixels")
-    assert counted == [1]  # only the image that reached the model
+    result = core.classify(uploads, top_k=2)
+    assert result.model.name == "cifar10" and result.version == 1
+    first, second, third = result.images
+    assert isinstance(first, Answered) and isinstance(second, Refused) and isinstance(third, Refused)
+    assert first.top_k[0].class_id == int(np.argmax(model_probabilities(savedmodel, images[0])))
+    assert len(first.top_k) == 2
+    assert second.public() == {"filename": None, "error": "instance 1: is not valid base64", "status": 400}
+    assert third.status == 413 and third.error.startswith("'big.png' has too many pixels")
+    exposition = metrics.exposition()[0].decode()
+    assert "serve_images_total 1.0" in exposition  # only the image that reached the model
 
 
 def test_predict_any_file_field_and_form_top_k(client, samples):
@@ -261,7 +267,7 @@ def predict_one(client, data, name="x"):
 
 def test_exif_orientation_is_applied(client, savedmodel):
     """A stored-sideways JPEG with Orientation=6 must be classified upright."""
-    from serve import images as imaging
+    from serve.core import decode as imaging
 
     upright = np.zeros((32, 32, 3), np.uint8)
     upright[:8] = 255  # a white band at the top
@@ -269,7 +275,7 @@ def test_exif_orientation_is_applied(client, savedmodel):
     exif = Image.Exif()
     exif[0x0112] = 6  # "rotate 90 CW to display"
     data = synthetic.encode(stored, "JPEG", quality=95, exif=exif.tobytes())
-    pixels, fmt = imaging.decode(data)
+    pixels, fmt = imaging.decode(data, DEFAULT_MAX_PIXELS)
     assert fmt == "JPEG"
     assert pixels[:8].mean() > 200 and pixels[-8:].mean() < 50
     # The answer is the model's on the upright pixels, which is not its answer on the stored ones.
@@ -307,11 +313,11 @@ def _expected_rgb(data, mode, original):
 
 @pytest.mark.parametrize("mode", ["P", "L", "LA", "RGBA", "CMYK", "I;16", "GIF", "BMP", "WEBP", "big-JPEG"])
 def test_modes_and_formats_become_rgb(client, samples, savedmodel, mode):
-    from serve import images as imaging
+    from serve.core import decode as imaging
 
     image, fmt = _mode_cases(samples[0][0])[mode]
     data = synthetic.encode(image, fmt, **({"lossless": True} if fmt == "WEBP" else {}))
-    pixels, _ = imaging.decode(data)
+    pixels, _ = imaging.decode(data, DEFAULT_MAX_PIXELS)
     assert pixels.shape == (32, 32, 3) and pixels.dtype == np.uint8
     if mode in ("L", "LA", "I;16"):  # grey stays grey, at the same brightness
         expected = np.asarray(Image.fromarray(samples[0][0]).convert("L"), np.float64)
@@ -326,13 +332,13 @@ def test_modes_and_formats_become_rgb(client, samples, savedmodel, mode):
 
 
 def test_animated_gif_uses_first_frame(client, samples):
-    from serve import images as imaging
+    from serve.core import decode as imaging
 
     frames = [Image.fromarray(samples[0][i]).convert("RGB") for i in range(2)]
     buffer = io.BytesIO()
     frames[0].save(buffer, format="GIF", save_all=True, append_images=frames[1:])
-    first, _ = imaging.decode(buffer.getvalue())
-    alone, _ = imaging.decode(synthetic.encode(frames[0], "GIF"))
+    first, _ = imaging.decode(buffer.getvalue(), DEFAULT_MAX_PIXELS)
+    alone, _ = imaging.decode(synthetic.encode(frames[0], "GIF"), DEFAULT_MAX_PIXELS)
     assert (first == alone).all()
 
 
@@ -500,7 +506,7 @@ def test_concurrent_requests_are_batched(app, samples):
     assert codes == [200] * 16
     batched = sum(size * count for size, count in backend.batch_sizes.items() if size > 1) - before
     assert batched >= 4, dict(backend.batch_sizes)  # several requests shared a model call
-    assert max(backend.batch_sizes) <= app.config["MAX_BATCH"]
+    assert max(backend.batch_sizes) <= app.extensions["serve.settings"].max_batch
     metrics = app.test_client().get("/metrics").data.decode()
     assert "serve_batch_size_bucket" in metrics
 

@@ -50,8 +50,9 @@ def test_settings_are_typed_and_defaults_fill_the_rest():
     settings = Settings.from_env({"SERVE_TOP_K": " 5 ", "SERVE_FORM_NEEDS_KEY": "off", "MODEL_BASE_PATH": "/srv", "SERVE_MAX_IMAGES": ""})
     assert settings.top_k == 5 and settings.form_needs_key is False and settings.max_images == 256
     assert settings.model_dir == "/srv/cifar10"
-    config = settings.flask_config()
-    assert config["TOP_K"] == 5 and config["MAX_CONTENT_LENGTH"] == 16 * 1024 * 1024 and config["SETTINGS"] is settings
+    assert settings.max_upload_bytes == 16 * 1024 * 1024
+    limits = settings.limits()
+    assert (limits.top_k, limits.max_images, limits.max_pixels) == (5, 256, 4096 * 4096)
 
 
 def test_create_app_checks_its_config_overrides_too():
@@ -90,29 +91,31 @@ def test_a_bad_value_stops_the_start_with_one_line_and_exit_2(command):
 
 class _Backend:
     kind = "fake"
+    loaded = True
 
     def __init__(self):
         self.ready_calls = 0
         self.fail = False
 
     def ready(self):
-        from serve.errors import ServeError
+        from serve.core.errors import ServeError
 
         self.ready_calls += 1
         if self.fail:
             raise ServeError("the model went away", 503)
         return 7
 
-    def metadata(self):
-        return {"name": "cifar10", "version": 7, "versions": [7], "architecture": "x", "class_names": None,
-                "signature_defs": {}, "runtime": "fake"}
+    def info(self):
+        from serve.core import ModelInfo
+
+        return ModelInfo(name="cifar10", version=7, versions=(7,), architecture="x", runtime="fake")
 
     def close(self):
         pass
 
 
 def test_readiness_probes_at_most_once_per_interval_on_a_fake_clock():
-    from serve.errors import ServeError
+    from serve.core.errors import ServeError
     from serve.health import Readiness
 
     now = [100.0]
@@ -171,7 +174,7 @@ def test_concurrent_readyz_calls_run_one_probe():
 
 
 def test_a_request_larger_than_max_batch_is_run_in_parts_of_at_most_max_batch():
-    from serve.batcher import Batcher
+    from serve.backends.batcher import Batcher
 
     calls = []
 
@@ -191,7 +194,7 @@ def test_a_request_larger_than_max_batch_is_run_in_parts_of_at_most_max_batch():
 
 
 def test_a_failing_part_fails_the_whole_request():
-    from serve.batcher import Batcher
+    from serve.backends.batcher import Batcher
 
     def model(images):
         if images[0, 0] >= 4:

@@ -7,8 +7,9 @@ import pytest
 from PIL import Image
 
 import synthetic
-from serve import images as imaging
-from serve.errors import ServeError
+from serve.core import decode as imaging
+from serve.core.errors import ServeError
+from serve.settings import DEFAULT_MAX_PIXELS
 
 
 def photo_like(seed, size=32):
@@ -114,7 +115,7 @@ def _through_pillow(monkeypatch):
     return seen
 
 
-def _pillow_says(data, max_pixels=imaging.DEFAULT_MAX_PIXELS):
+def _pillow_says(data, max_pixels=DEFAULT_MAX_PIXELS):
     try:
         return imaging._decode_with_pillow(data, max_pixels)
     except ServeError as e:
@@ -127,7 +128,7 @@ def test_plain_jpegs_skip_pillow_and_give_its_pixels(monkeypatch):
     want = [_pillow_says(data) for data in datas]
     assert sum(isinstance(w, ServeError) for w in want) == len(broken)
     seen = _through_pillow(monkeypatch)
-    for got, wanted in zip(imaging.decode_many(datas), want, strict=True):
+    for got, wanted in zip(imaging.decode_many(datas, DEFAULT_MAX_PIXELS), want, strict=True):
         if isinstance(wanted, ServeError):
             assert isinstance(got, ServeError) and (str(got), got.status) == (str(wanted), wanted.status)
         else:

@@ -155,7 +155,7 @@ def test_classification_extension_gives_the_top_k(server, images, saved_model_sa
 def test_every_runtime_answers_what_its_backend_predicts(model_base, images, runtime):
     """The routes only reach the model through the backend: on each runtime, v2 says what ``predict`` says."""
     from serve import create_app
-    from serve.errors import ServeError
+    from serve.core.errors import ServeError
 
     app = create_app({"TESTING": True, "MODEL_DIR": str(model_base), "MODEL_NAME": MODEL, "RUNTIME": runtime})
     backend = app.extensions["serve.backend"]
@@ -179,7 +179,7 @@ def test_every_runtime_answers_what_its_backend_predicts(model_base, images, run
             assert outputs[contract.OUTPUT_CLASS_IDS]["data"] == expected[contract.OUTPUT_CLASS_IDS].tolist()
             probabilities = np.float32(outputs[contract.OUTPUT_PROBABILITIES]["data"]).reshape(outputs[contract.OUTPUT_PROBABILITIES]["shape"])
             np.testing.assert_array_equal(probabilities, expected[contract.OUTPUT_PROBABILITIES])
-        runtime_now = backend.metadata().get("runtime")
+        runtime_now = backend.info().runtime
         assert web.get(f"/v2/models/{MODEL}").json["platform"] == ("tensorflow_savedmodel" if runtime_now in (None, "savedmodel") else runtime_now)
     finally:
         backend.close()

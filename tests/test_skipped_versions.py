@@ -83,7 +83,7 @@ def test_a_version_that_appears_later_without_the_runtimes_file_is_skipped_too(m
         assert app.test_client().get("/readyz").get_json().get("skipped_versions") is None
         shutil.copytree(models / "1", models / "2")
         os.remove(models / "2" / contract.LITERT_FILE)
-        backend.metadata()  # a request polls for new versions
+        backend.info()  # a request polls for new versions
         info = app.test_client().get("/api/v1/model").get_json()
         assert info["version"] == 1 and [s["version"] for s in info["skipped_versions"]] == [2]
     finally:

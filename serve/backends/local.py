@@ -1,22 +1,25 @@
-"""The exported model in this process: one of :mod:`serve.runtimes` (LiteRT float32 or int8, or the
+"""The exported model in this process: one of :mod:`serve.backends.runtimes` (LiteRT float32 or int8, or the
 SavedModel in TensorFlow), concurrent requests micro-batched, new versions picked up as they appear."""
 
+import dataclasses
 import logging
 import os
 import threading
 import time
 
 from contract import OUTPUT_PROBABILITIES
-from serve import published, runtimes, signatures
-from serve.backends.interface import model_facts, probe_batch
-from serve.errors import ServeError
+from serve import published
+from serve.backends import runtimes
+from serve.backends.batcher import Batcher
+from serve.core.errors import NotServed, ServeError
+from serve.core.model import ModelInfo, Prediction, probe_batch
 
 RELOAD_INTERVAL_S = 5.0  # how often a backend that failed to load tries again
 RETIRE_AFTER_S = 30.0  # how long a replaced version keeps answering requests already sent to it
 
 
 class LocalBackend:
-    """The highest version under ``model_dir`` in one of :mod:`serve.runtimes`, batched by a :class:`serve.batcher.Batcher`.
+    """The highest version under ``model_dir`` in one of :mod:`serve.backends.runtimes`, batched by a :class:`serve.backends.batcher.Batcher`.
 
     ``on_load(runtime, version)`` is called each time a version starts answering, and
     ``on_skip(runtime, version, reason)`` each time a version newer than the one served is passed
@@ -26,8 +29,8 @@ class LocalBackend:
 
     kind = "local"
 
-    def __init__(self, model_dir, name, max_batch=32, batch_wait_ms=2.0, on_batch=None, poll_s=30.0,
-                 runtime=runtimes.DEFAULT_RUNTIME, threads=None, on_load=None, on_skip=None):
+    def __init__(self, model_dir, name, runtime, *, max_batch, batch_wait_ms, poll_s, threads=None, on_batch=None,
+                 on_load=None, on_skip=None):
         self.model_dir = str(model_dir)
         self.name = name
         self.runtime = runtimes.check(runtime)
@@ -44,7 +47,7 @@ class LocalBackend:
         self._wait_s = batch_wait_ms / 1000.0
         self._on_batch = on_batch
         self._lock = threading.Lock()
-        self._state = None  # dict once loaded
+        self._state = None  # a _Loaded once loaded
         self._error = None
         self._tried_at = None
         # Load in the background: the worker answers /healthz and /readyz (503) meanwhile
@@ -95,8 +98,8 @@ class LocalBackend:
             return
         self._polled_at = now
         available = runtimes.versions(self.model_dir, self.runtime)
-        self._note_skipped(self._state["version"], available)
-        if available and available[-1] > self._state["version"] and available[-1] not in self.skipped_versions \
+        self._note_skipped(self._state.version, available)
+        if available and available[-1] > self._state.version and available[-1] not in self.skipped_versions \
                 and self._swapping.acquire(blocking=False):
             threading.Thread(target=self._swap, args=(available[-1],), name="model-swap", daemon=True).start()
 
@@ -125,9 +128,9 @@ class LocalBackend:
             self._swapping.release()
         old_state, self._state = self._state, new_state
         self._loaded(new_state)
-        logging.getLogger(__name__).info("now serving version %s (was %s)", version, old_state["version"])
+        logging.getLogger(__name__).info("now serving version %s (was %s)", version, old_state.version)
         # Requests that already hold the old state finish on it; then its batcher thread ends.
-        retire = threading.Timer(RETIRE_AFTER_S, old_state["batcher"].close)
+        retire = threading.Timer(RETIRE_AFTER_S, old_state.batcher.close)
         retire.daemon = True  # never hold up a worker's shutdown
         retire.start()
 
@@ -143,23 +146,15 @@ class LocalBackend:
             self._note_skipped(version, available)
         path = os.path.join(self.model_dir, str(version))
         model = runtimes.load(self.runtime, path, self._threads)
-        architecture, class_names, confidence = model_facts(published.manifest(path))
-        batcher = _make_batcher(model.pixels, self._max_batch, self._wait_s, self._on_batch)
-        return {
-            "version": version,
-            "model": model,
-            "batcher": batcher,
-            "signature_defs": model.signature_defs,
-            "confidence_outputs": signatures.confidence_outputs(model.signature_defs),
-            "architecture": architecture,
-            "class_names": class_names,
-            "confidence": confidence,
-        }
+        info = ModelInfo.build(self.name, version, model.signature_defs, published.manifest(path), versions=(version,),
+                               runtime=self.runtime)
+        batcher = Batcher(model.pixels, max_batch=self._max_batch, max_wait_s=self._wait_s, on_batch=self._on_batch)
+        return _Loaded(version, model, batcher, info)
 
     def _loaded(self, state):
         if self._on_load is not None:
             try:
-                self._on_load(self.runtime, state["version"])
+                self._on_load(self.runtime, state.version)
             except Exception:  # metrics must never stop a model from serving
                 logging.getLogger(__name__).exception("on_load hook failed")
 
@@ -171,29 +166,36 @@ class LocalBackend:
     @property
     def batch_sizes(self):
         """How many batches of each size the model ran (empty until loaded)."""
-        return self._state["batcher"].batch_sizes if self._state else {}
+        return self._state.batcher.batch_sizes if self._state else {}
 
-    # -- the interface -----------------------------------------------------------------
-    def predict(self, images):
+    # -- the interface (serve.core.model.Backend) ------------------------------------------
+    def info(self):
         state = self._load()
+        if not self.skipped_versions:
+            return state.info
+        return dataclasses.replace(state.info, skipped_versions=dict(self.skipped_versions))
+
+    def infer(self, images, version=None):
+        state = self._load()  # one state for the whole call: the answer names the version that gave it
+        self._check_version(state, version)
         if not len(images):
-            return {key: value.copy() for key, value in state["model"].empty_outputs.items()}
+            return Prediction(state.version, {key: value.copy() for key, value in state.model.empty_outputs.items()})
         try:
-            return state["batcher"].submit(images)
+            return Prediction(state.version, state.batcher.submit(images))
         except Exception as e:
             raise ServeError(f"prediction failed: {type(e).__name__}: {e}", 500) from e
+
+    def predict(self, images):
+        """``serving_default``'s outputs for uint8 pixels, by the newest version."""
+        return self.infer(images).outputs
 
     def run(self, signature_name, inputs, version=None):
         state = self._load()
         self._check_version(state, version)
-        if signature_name not in state["signature_defs"]:
-            raise ServeError(f"signature {signature_name!r} not found; this model has {sorted(state['signature_defs'])}", 400)
+        if signature_name not in state.info.signature_defs:
+            raise ServeError(f"signature {signature_name!r} not found; this model has {sorted(state.info.signature_defs)}", 400)
         try:
-            signatures.check_inputs(signature_name, state["signature_defs"][signature_name], inputs)
-        except ValueError as e:
-            raise ServeError(str(e), 400) from None
-        try:
-            return state["model"].call(signature_name, inputs, self.predict)
+            return state.model.call(signature_name, inputs, self.predict)
         except runtimes.InputError as e:
             raise ServeError(str(e), 400) from None
 
@@ -202,33 +204,23 @@ class LocalBackend:
         outputs = self.predict(probe_batch())
         if outputs[OUTPUT_PROBABILITIES].shape[0] != 1:
             raise ServeError("the probe prediction returned the wrong batch size", 503)
-        return state["version"]
-
-    def metadata(self):
-        state = self._load()
-        return {
-            "name": self.name,
-            "version": state["version"],
-            "versions": [state["version"]],
-            "architecture": state["architecture"],
-            "class_names": state["class_names"],
-            "confidence": state["confidence"],
-            "signature_defs": state["signature_defs"],
-            "confidence_outputs": state["confidence_outputs"],
-            "runtime": self.runtime,
-            "skipped_versions": dict(self.skipped_versions),
-        }
+        return state.version
 
     def close(self):
         if self._state:
-            self._state["batcher"].close()
+            self._state.batcher.close()
 
     def _check_version(self, state, version):
-        if version is not None and int(version) != state["version"]:
-            raise ServeError(f"model {self.name!r} version {version} is not loaded (serving {state['version']})", 404)
+        if version is not None and int(version) != state.version:
+            raise NotServed(self.name, version, (state.version,),
+                            f"model {self.name!r} version {version} is not loaded (serving {state.version})")
 
 
-def _make_batcher(fn, max_batch, wait_s, on_batch):
-    from serve.batcher import Batcher
+@dataclasses.dataclass(frozen=True)
+class _Loaded:
+    """One loaded version: its runtime's model, its batcher and its info."""
 
-    return Batcher(fn, max_batch=max_batch, max_wait_s=wait_s, on_batch=on_batch)
+    version: int
+    model: object
+    batcher: Batcher
+    info: ModelInfo

@@ -7,10 +7,10 @@ import time
 import numpy as np
 
 from contract import INPUT_PIXELS, OUTPUT_CLASS_IDS, OUTPUT_CLASS_NAMES, OUTPUT_PROBABILITIES, SIGNATURE_PIXELS
-from serve import published, settings, signatures
+from serve import published, signatures
+from serve.core.errors import ServeError
+from serve.core.model import ModelInfo, Prediction, probe_batch
 from tfs_protos import tensors
-from serve.backends.interface import model_facts, probe_batch
-from serve.errors import ServeError
 
 METADATA_TTL_S = 30.0  # how long a TF Serving backend trusts the metadata it fetched
 
@@ -24,7 +24,7 @@ class _RemoteBackend:
     several, one after the other, and the answers are put back together in order.
     """
 
-    def __init__(self, name, timeout_s, model_dir=None, on_batch=None, max_batch=settings.DEFAULT_TFSERVING_MAX_BATCH):
+    def __init__(self, name, timeout_s, model_dir=None, on_batch=None, *, max_batch):
         self.name = name
         self.timeout_s = float(timeout_s)
         self.max_batch = int(max_batch or 0)
@@ -33,38 +33,38 @@ class _RemoteBackend:
         self._meta_at = 0.0
         self._lock = threading.Lock()
         # TF Serving does not expose assets.extra; read the manifest where the files are at hand.
-        self._architecture, self._class_names, self._confidence = None, None, None
+        self._manifest = None
         if model_dir:
             available = published.versions(model_dir)
             if available:
-                self._architecture, self._class_names, self._confidence = model_facts(published.manifest(os.path.join(str(model_dir), str(available[-1]))))
+                self._manifest = published.manifest(os.path.join(str(model_dir), str(available[-1])))
 
-    def metadata(self):
+    @property
+    def loaded(self):
+        return True  # TF Serving loads the model; ready() asks it
+
+    def info(self):
         with self._lock:
             if self._meta is not None and time.monotonic() - self._meta_at < METADATA_TTL_S:
                 return self._meta
         signature_defs, versions = self._fetch_metadata()
-        meta = {
-            "name": self.name,
-            "version": max(versions) if versions else None,
-            "versions": sorted(versions),
-            "architecture": self._architecture,
-            "class_names": self._class_names,
-            "confidence": self._confidence,
-            "signature_defs": signature_defs,
-            "confidence_outputs": signatures.confidence_outputs(signature_defs),
-        }
+        info = ModelInfo.build(self.name, max(versions) if versions else None, signature_defs, self._manifest,
+                               versions=tuple(sorted(versions)))
         with self._lock:
-            self._meta, self._meta_at = meta, time.monotonic()
-        return meta
+            self._meta, self._meta_at = info, time.monotonic()
+        return info
 
-    def predict(self, images):
-        outputs = self.run(SIGNATURE_PIXELS, {INPUT_PIXELS: images})
+    def infer(self, images, version=None):
+        outputs = self.run(SIGNATURE_PIXELS, {INPUT_PIXELS: images}, version)
         if self._on_batch is not None:
             step = self.max_batch or len(images) or 1
             for start in range(0, len(images), step):
                 self._on_batch(min(step, len(images) - start))
-        return outputs
+        return Prediction(self.info().version if version is None else int(version), outputs)
+
+    def predict(self, images):
+        """``serving_default``'s outputs for uint8 pixels, by the newest version."""
+        return self.infer(images).outputs
 
     def run(self, signature_name, inputs, version=None):
         """One TF Serving call per ``max_batch`` rows; the outputs concatenated in order."""
@@ -81,15 +81,15 @@ class _RemoteBackend:
         return outputs
 
     def ready(self):
-        meta = self.metadata()
+        info = self.info()
         outputs = self.run(SIGNATURE_PIXELS, {INPUT_PIXELS: probe_batch()})
         if np.asarray(outputs[OUTPUT_PROBABILITIES]).shape[0] != 1:
             raise ServeError("the probe prediction returned the wrong batch size", 503)
-        return meta["version"]
+        return info.version
 
     def _output_dtypes(self, signature_name):
         try:
-            sig = self.metadata()["signature_defs"].get(signature_name, {})
+            sig = self.info().signature_defs.get(signature_name, {})
         except ServeError:
             sig = {}
         dtypes = signatures.output_dtypes(sig)
@@ -107,10 +107,10 @@ class TFServingRestBackend(_RemoteBackend):
 
     kind = "tfserving-rest"
 
-    def __init__(self, url, name, timeout_s=5.0, model_dir=None, on_batch=None, max_batch=settings.DEFAULT_TFSERVING_MAX_BATCH):
+    def __init__(self, url, name, timeout_s, model_dir=None, on_batch=None, *, max_batch):
         import requests
 
-        super().__init__(name, timeout_s, model_dir, on_batch, max_batch)
+        super().__init__(name, timeout_s, model_dir, on_batch, max_batch=max_batch)
         self.url = url.rstrip("/")
         self._session = requests.Session()
 
@@ -208,11 +208,11 @@ class TFServingGrpcBackend(_RemoteBackend):
 
     kind = "tfserving-grpc"
 
-    def __init__(self, target, name, timeout_s=5.0, model_dir=None, on_batch=None, max_batch=settings.DEFAULT_TFSERVING_MAX_BATCH):
+    def __init__(self, target, name, timeout_s, model_dir=None, on_batch=None, *, max_batch):
         import grpc
         from tfs_protos.tensorflow_serving.apis import prediction_service_pb2_grpc
 
-        super().__init__(name, timeout_s, model_dir, on_batch, max_batch)
+        super().__init__(name, timeout_s, model_dir, on_batch, max_batch=max_batch)
         self.target = target
         # Short reconnect back-off, so the server notices a restarted TF Serving quickly.
         self._channel = grpc.insecure_channel(

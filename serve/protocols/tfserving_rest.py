@@ -4,26 +4,24 @@ Predict takes the row (``instances``) or columnar (``inputs``) format, an option
 ``signature_name`` and ``{"b64": ...}`` for string tensors; it answers ``predictions`` or
 ``outputs`` shaped as TF Serving shapes them. Status and metadata follow TF Serving too.
 
-``predict_images`` is answered by the front end's own decoder (:mod:`serve.images`: the pixel
-cap, EXIF orientation, Pillow's resize), then the model's ``serving_default``, on every runtime
-and backend: the same image gets the same class here as on ``/api/v1/predict``, and no user bytes
-reach a model or a TF Serving.
+``predict_images`` is answered by the serving core (:meth:`serve.core.service.InferenceService.run`:
+its decoder, then the model's ``serving_default``), on every runtime and backend: the same image
+gets the same class here as on ``/api/v1/predict``, and no user bytes reach a model or a TF Serving.
 """
 
 import base64
 import binascii
 
 import numpy as np
-from flask import Blueprint, current_app, jsonify
+from flask import Blueprint, jsonify
 from werkzeug.routing import BaseConverter
 
-from contract import INPUT_BYTES, INPUT_PIXELS, OUTPUT_PROBABILITIES, SIGNATURE_BYTES, SIGNATURE_PIXELS
-from serve import bodies, served, signatures
-from serve import images as imaging
-from serve.classify import float32_list
-from serve.errors import ServeError, check_image_count
+from contract import SIGNATURE_PIXELS, TFSERVING_REST_PREFIX
+from serve import bodies, signatures
+from serve.core import NotServed, ServeError, float32_list
+from serve.protocols import service
 
-bp = Blueprint("tfserving", __name__, url_prefix="/v1/models")
+bp = Blueprint("tfserving", __name__, url_prefix=TFSERVING_REST_PREFIX)
 
 #: Most dimensions a string input may have: numpy's limit, which numeric inputs meet in np.asarray.
 MAX_RANK = 64
@@ -42,23 +40,17 @@ def _register_converter(state):
 
 @bp.errorhandler(ServeError)
 def _error(e):
+    if isinstance(e, NotServed):  # TF Serving's own words
+        which = f"Specific({e.name}, {e.version})" if e.version is not None else f"Latest({e.name})"
+        return jsonify(error=f"Servable not found for request: {which}"), 404
     return jsonify(error=str(e)), e.status
-
-
-def _meta(name, version):
-    """Metadata, or TF Serving's own 404 wording for a model or version it does not serve."""
-    return served.metadata(
-        name, version,
-        unknown_model=lambda name: f"Servable not found for request: Latest({name})",
-        unknown_version=lambda name, version, versions: f"Servable not found for request: Specific({name}, {version})",
-    )
 
 
 @bp.get("/<model:name>")
 @bp.get("/<model:name>/versions/<int:version>")
 def status(name, version=None):
-    meta = _meta(name, version)
-    shown = [version] if version is not None else meta["versions"]
+    info = service().model(name, version)
+    shown = [version] if version is not None else info.versions
     return jsonify(
         model_version_status=[
             {"version": str(v), "state": "AVAILABLE", "status": {"error_code": "OK", "error_message": ""}} for v in shown
@@ -69,39 +61,32 @@ def status(name, version=None):
 @bp.get("/<model:name>/metadata")
 @bp.get("/<model:name>/versions/<int:version>/metadata")
 def metadata(name, version=None):
-    meta = _meta(name, version)
+    info = service().model(name, version)
     return jsonify(
-        model_spec={"name": name, "signature_name": "", "version": str(version if version is not None else meta["version"])},
-        metadata={"signature_def": {"signature_def": meta["signature_defs"]}},
+        model_spec={"name": name, "signature_name": "", "version": str(version if version is not None else info.version)},
+        metadata={"signature_def": {"signature_def": dict(info.signature_defs)}},
     )
 
 
 @bp.post("/<model:name>:predict")
 @bp.post("/<model:name>/versions/<int:version>:predict")
 def predict(name, version=None):
-    meta = _meta(name, version)
-    try:
-        body = bodies.request_json()
-    except ValueError as e:
-        raise ServeError(str(e)) from None
+    info = service().model(name, version)
+    body = bodies.request_json()
     if not isinstance(body, dict):
         raise ServeError("the body must be a JSON object")
     signature_name = body.get("signature_name") or SIGNATURE_PIXELS
     if not isinstance(signature_name, str):
         raise ServeError("signature_name must be a string")
-    signature_def = meta["signature_defs"].get(signature_name)
+    signature_def = info.signature_defs.get(signature_name)
     if signature_def is None:
         raise ServeError(f"Serving signature name: {signature_name!r} not found in signature def")
     row_format = "instances" in body
     if row_format == ("inputs" in body):
         raise ServeError('send exactly one of "instances" (row format) or "inputs" (columnar format)')
     inputs = _parse_inputs(body["instances"] if row_format else body["inputs"], row_format, signature_def)
-    if signature_name == SIGNATURE_BYTES:
-        signature_name, inputs = SIGNATURE_PIXELS, {INPUT_PIXELS: _decode(inputs[INPUT_BYTES])}
-    outputs = current_app.extensions["serve.backend"].run(signature_name, inputs, version)
-    if OUTPUT_PROBABILITIES in outputs:
-        current_app.extensions["serve.metrics"].answers(version if version is not None else meta["version"], outputs)
-    outputs = {key: _jsonable(key, np.asarray(value)) for key, value in outputs.items()}
+    answer = service().run(signature_name, inputs, name, version)
+    outputs = {key: _jsonable(key, np.asarray(value)) for key, value in answer.outputs.items()}
     if row_format:
         return jsonify(predictions=_rows(outputs))
     return jsonify(outputs=outputs if len(outputs) > 1 else next(iter(outputs.values())))
@@ -139,15 +124,8 @@ def _parse_inputs(value, row_format, signature_def):
         raise ServeError(f"the signature takes several inputs {sorted(specs)}: give \"inputs\" as an object")
     for key in specs:  # before any conversion: a 413 costs nothing
         if isinstance(columns[key], list):
-            check_image_count(len(columns[key]), current_app.config["MAX_IMAGES"])
+            service().check_count(len(columns[key]))
     return {key: _to_array(key, columns[key], specs[key][0]) for key in specs}
-
-
-def _decode(datas):
-    """uint8 pixels ``[N, 32, 32, 3]`` from ``predict_images``' encoded images; the first bad one fails the request."""
-    if datas.ndim != 1:
-        raise ServeError(f"input {INPUT_BYTES!r} must be a list of encoded images (shape [N]), got shape {list(datas.shape)}")
-    return imaging.decode_all(datas.tolist(), current_app.config["MAX_PIXELS"], lambda index: f"{INPUT_BYTES}[{index}]")
 
 
 def _to_array(key, value, dtype):

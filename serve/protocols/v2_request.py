@@ -1,5 +1,5 @@
 """The Open Inference Protocol's inference request: its JSON header and binary tail, the one input
-tensor it carries (pixels, or encoded images decoded by :mod:`serve.images`), and the outputs it asks for."""
+tensor it carries (pixels, or encoded images for the serving core to decode), and the outputs it asks for."""
 
 import base64
 import binascii
@@ -9,9 +9,9 @@ import zlib
 import numpy as np
 from flask import current_app, request
 
-from contract import CHANNELS, IMAGE_SIZE, INPUT_BYTES, INPUT_PIXELS, OUTPUT_CLASS_IDS, OUTPUT_CLASS_NAMES, OUTPUT_PROBABILITIES
-from serve import images as imaging
-from serve.errors import ServeError, check_image_count
+from contract import CHANNELS, IMAGE_SIZE, INPUT_BYTES, INPUT_PIXELS, OUTPUTS, OUTPUT_PROBABILITIES
+from serve.core import ServeError
+from serve.protocols import service, settings
 
 #: The binary tensor data extension's header: how many leading body bytes are the JSON.
 HEADER_LENGTH = "Inference-Header-Content-Length"
@@ -19,7 +19,6 @@ INPUTS = {
     INPUT_PIXELS: ("UINT8", [-1, IMAGE_SIZE, IMAGE_SIZE, CHANNELS]),
     INPUT_BYTES: ("BYTES", [-1]),
 }
-OUTPUTS = (OUTPUT_PROBABILITIES, OUTPUT_CLASS_IDS, OUTPUT_CLASS_NAMES)
 
 
 def read_body():
@@ -51,7 +50,7 @@ def _decompressed(body, encoding):
         return body
     if encoding not in ("gzip", "deflate"):
         raise ServeError(f"Content-Encoding {encoding!r} is not supported (gzip, deflate or none)", 415)
-    limit = current_app.config.get("MAX_CONTENT_LENGTH") or 0
+    limit = settings().max_upload_bytes
     inflater = zlib.decompressobj(31 if encoding == "gzip" else 15)
     try:
         data = inflater.decompress(body, limit + 1 if limit else 0)
@@ -87,7 +86,7 @@ def _takes():
 
 
 def read_input(payload, binary):
-    """uint8 pixels ``[N, 32, 32, 3]`` from the request's one input tensor."""
+    """uint8 pixels ``[N, 32, 32, 3]`` from the request's one input tensor (encoded images decoded by the core)."""
     inputs = payload.get("inputs")
     if not isinstance(inputs, list) or not inputs:
         raise ServeError('"inputs" must be a non-empty list of tensors')
@@ -119,7 +118,7 @@ def _read_tensor(key, tensor, binary):
         raise ServeError(f"input {key!r} must have shape {want_shape}, got {shape}")
     if shape[0] == 0:
         raise ServeError(f"input {key!r} holds no images (shape {shape})")
-    check_image_count(shape[0], current_app.config["MAX_IMAGES"])
+    service().check_count(shape[0])
     parameters = _parameters(f"input {key!r}", tensor)
     count = int(np.prod(shape))
     if "binary_data_size" in parameters:
@@ -199,7 +198,7 @@ def _unpack_bytes(key, raw, count):
 
 def _decode(key, datas):
     """Encoded images to pixels with the decoder ``/api/v1/predict`` uses; the first bad one fails the request."""
-    return imaging.decode_all(datas, current_app.config["MAX_PIXELS"], lambda index: f"input {key!r} element {index}")
+    return service().decode(list(datas), lambda index: f"input {key!r} element {index}")
 
 
 def requested_outputs(payload, available=OUTPUTS):

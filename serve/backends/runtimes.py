@@ -15,11 +15,11 @@ TensorFlow holds a fraction of the memory. ``litert-int8`` is faster still, but 
 label in a hundred, so it is a choice to make, not a default. ``savedmodel`` runs the exported
 graph itself.
 
-Every runtime gives the same two things to :class:`serve.backends.LocalBackend`:
+Every runtime gives the same two things to :class:`serve.backends.local.LocalBackend`:
 ``pixels(images)`` (the ``serving_default`` signature, uint8 ``[N, 32, 32, 3]``; one call at a
 time: the backend's batcher serialises them) and ``call(signature_name, inputs, pixels)`` for
 the signatures it runs, where ``pixels`` is the batched way back to the model. Encoded images
-never reach a runtime: the front end decodes every one with :mod:`serve.images` (the pixel cap,
+never reach a runtime: the front end decodes every one with :mod:`serve.core.decode` (the pixel cap,
 EXIF orientation, Pillow's resize) and hands over pixels, whichever route they came by. Signature definitions always come from ``N/saved_model.pb``,
 read through the vendored protos, so the metadata routes say the same on every runtime.
 """
@@ -30,18 +30,23 @@ import numpy as np
 
 from contract import (
     CHANNELS,
+    DEFAULT_SERVING_RUNTIME,
     IMAGE_SIZE,
     INPUT_PIXELS,
     LITERT_FILE,
     LITERT_INT8_FILE,
     OUTPUT_PROBABILITIES,
+    RUNTIME_LITERT,
+    RUNTIME_LITERT_INT8,
+    RUNTIME_SAVEDMODEL,
+    SERVING_RUNTIMES,
     SIGNATURE_PIXELS,
 )
-from serve import published, settings, signatures
+from serve import published, signatures
 
-LITERT, LITERT_INT8, SAVEDMODEL = "litert", "litert-int8", "savedmodel"
-RUNTIMES = (LITERT, LITERT_INT8, SAVEDMODEL)
-DEFAULT_RUNTIME = settings.DEFAULT_RUNTIME  # LITERT, for the reasons above
+LITERT, LITERT_INT8, SAVEDMODEL = RUNTIME_LITERT, RUNTIME_LITERT_INT8, RUNTIME_SAVEDMODEL
+RUNTIMES = SERVING_RUNTIMES
+DEFAULT_RUNTIME = DEFAULT_SERVING_RUNTIME  # LITERT, for the reasons above
 
 #: The file in a version directory that each runtime loads.
 MODEL_FILES = {LITERT: LITERT_FILE, LITERT_INT8: LITERT_INT8_FILE, SAVEDMODEL: published.SAVED_MODEL_FILE}

@@ -7,26 +7,23 @@ default, and Pillow's decompression-bomb warning is an error. Nothing touches th
 import io
 import warnings
 
+import numpy as np
+
 import simplejpeg
 from PIL import Image, UnidentifiedImageError
 
 from contract import CHANNELS, IMAGE_SIZE
 from contract.pixels import to_rgb32
-from serve.errors import ServeError
+from serve.core.errors import ServeError
 
 #: Pillow format names accepted; GIFs give their first frame.
 ALLOWED_FORMATS = ("PNG", "JPEG", "GIF", "BMP", "WEBP")
-#: Most pixels an upload may declare (Pillow warns at ~89 M and refuses at ~179 M).
-DEFAULT_MAX_PIXELS = 4096 * 4096
-
-MIME_TYPES = {"PNG": "image/png", "JPEG": "image/jpeg", "GIF": "image/gif", "BMP": "image/bmp", "WEBP": "image/webp"}
-
 # A bomb warning becomes an exception (filterwarnings is process-wide and idempotent; doing
 # it per request with catch_warnings would not be thread-safe).
 warnings.filterwarnings("error", category=Image.DecompressionBombWarning)
 
 
-def decode(data, max_pixels=DEFAULT_MAX_PIXELS):
+def decode(data, max_pixels):
     """Return ``(pixels, format)``: uint8 ``[32, 32, 3]`` RGB and the Pillow format name.
 
     A plain JPEG (see ``_decode_plain_jpeg``) is decoded by libjpeg-turbo through simplejpeg,
@@ -42,7 +39,7 @@ def decode(data, max_pixels=DEFAULT_MAX_PIXELS):
     return _decode_with_pillow(data, max_pixels)
 
 
-def decode_many(datas, max_pixels=DEFAULT_MAX_PIXELS):
+def decode_many(datas, max_pixels):
     """``decode`` of each of ``datas``: a list of ``(pixels, format)`` or of the ``ServeError``."""
     results = []
     for data in datas:
@@ -58,8 +55,6 @@ def decode_all(datas, max_pixels, name_of):
 
     ``name_of(index)`` names an element in the error, as the caller's protocol names it.
     """
-    import numpy as np
-
     results = decode_many(list(datas), max_pixels)
     for index, result in enumerate(results):
         if isinstance(result, ServeError):
@@ -128,10 +123,3 @@ def _why_unidentified(data):
     except Exception:
         return "is not an image (or not in a format this server reads)", 400
     return f"is a {fmt} image; accepted formats are {', '.join(ALLOWED_FORMATS)}", 415
-
-
-def data_url(data, fmt):
-    """An inline ``data:`` URL of the uploaded bytes, for showing them back on the page."""
-    import base64
-
-    return f"data:{MIME_TYPES.get(fmt, 'application/octet-stream')};base64,{base64.b64encode(data).decode('ascii')}"

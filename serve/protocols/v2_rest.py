@@ -3,11 +3,11 @@ Triton, KServe, Seldon MLServer or OpenVINO Model Server work against this serve
 
 The model (``MODEL_NAME``) takes one of two inputs in a request: ``images``, UINT8
 ``[N, 32, 32, 3]`` raw RGB pixels, or ``image_bytes``, BYTES ``[N]`` encoded images (decoded by
-:mod:`serve.images`, as ``/api/v1/predict`` decodes them). It answers ``probabilities`` (FP32
+the serving core, as ``/api/v1/predict``'s are). It answers ``probabilities`` (FP32
 ``[N, C]``), ``class_ids`` (INT64 ``[N]``) and ``class_names`` (BYTES ``[N]``). Extensions:
 binary tensor data (inputs and outputs), classification (top-k of ``probabilities``).
-Everything goes through the backend's ``predict``/``run``/``ready``/``metadata``, so the
-routes work on every backend.
+Everything goes through :class:`serve.core.service.InferenceService`, so the routes work on
+every backend.
 """
 
 import importlib.metadata
@@ -15,13 +15,13 @@ import json
 
 from flask import Blueprint, Response, current_app, jsonify
 
-from contract import INPUT_PIXELS, OUTPUT_CLASS_IDS, OUTPUT_CLASS_NAMES, OUTPUT_PROBABILITIES, SIGNATURE_PIXELS
-from serve import served, signatures
-from serve.errors import ServeError
-from serve.v2_request import HEADER_LENGTH, INPUTS, Binary, read_body, read_input, requested_outputs
-from serve.v2_response import CONFIDENCE_OUTPUTS, classification, output_names, output_tensors, to_binary, to_json
+from contract import OUTPUT_PROBABILITIES, V2_PREFIX
+from serve.core import ServeError
+from serve.protocols import service
+from serve.protocols.v2_request import HEADER_LENGTH, INPUTS, Binary, read_body, read_input, requested_outputs
+from serve.protocols.v2_response import DATATYPES, classification, output_tensors, to_binary, to_json
 
-bp = Blueprint("v2", __name__, url_prefix="/v2")
+bp = Blueprint("v2", __name__, url_prefix=V2_PREFIX)
 
 SERVER_NAME = "cifar-tpu-pipeline"
 EXTENSIONS = ("binary_tensor_data", "classification")
@@ -56,7 +56,7 @@ def ready():
 @bp.get("/models/<name>/ready")
 @bp.get("/models/<name>/versions/<version>/ready")
 def model_ready(name, version=None):
-    _meta(name, version)
+    service().model(name, version)
     return _probe()
 
 
@@ -69,46 +69,35 @@ def _probe():
 @bp.get("/models/<name>")
 @bp.get("/models/<name>/versions/<version>")
 def model_metadata(name, version=None):
-    meta = _meta(name, version)
-    runtime = meta.get("runtime")  # the local backend's (litert, litert-int8, savedmodel); none for TF Serving
+    info = service().model(name, version)
+    runtime = info.runtime  # the local backend's (litert, litert-int8, savedmodel); none for TF Serving
     return jsonify(
         name=name,
-        versions=[str(v) for v in meta["versions"]],
+        versions=[str(v) for v in info.versions],
         platform=SAVEDMODEL_PLATFORM if runtime in (None, "savedmodel") else runtime,
         inputs=[tensor(key, datatype, shape) for key, (datatype, shape) in INPUTS.items()],
-        outputs=[
-            tensor(OUTPUT_PROBABILITIES, "FP32", [-1, _num_classes(meta)]),
-            tensor(OUTPUT_CLASS_IDS, "INT64", [-1]),
-            tensor(OUTPUT_CLASS_NAMES, "BYTES", [-1]),
-            *(tensor(key, CONFIDENCE_OUTPUTS[key], [-1]) for key in output_names(meta)[3:]),
-        ],
+        outputs=[tensor(key, DATATYPES[key], [-1, info.num_classes] if key == OUTPUT_PROBABILITIES else [-1])
+                 for key in info.outputs],
     )
 
 
 @bp.post("/models/<name>/infer")
 @bp.post("/models/<name>/versions/<version>/infer")
 def infer(name, version=None):
-    meta = _meta(name, version)
+    info = service().model(name, version)
     payload, binary = read_body()
     pixels = read_input(payload, Binary(binary))
-    wanted = requested_outputs(payload, output_names(meta))
-    served = meta["version"] if version is None else int(version)
-    backend = current_app.extensions["serve.backend"]
-    if served == meta["version"]:
-        outputs = backend.predict(pixels)  # micro-batched with every other request
-    else:  # an older version that a TF Serving backend still serves
-        outputs = backend.run(SIGNATURE_PIXELS, {INPUT_PIXELS: pixels}, served)
-    current_app.extensions["serve.metrics"].images.inc(len(pixels))
-    current_app.extensions["serve.metrics"].answers(served, outputs)
-    tensors = output_tensors(meta, outputs)
-    response = {"model_name": name, "model_version": str(served), "outputs": []}
+    wanted = requested_outputs(payload, info.outputs)
+    answer = service().infer(pixels, name, version)  # names the version that answered, across a swap too
+    tensors = output_tensors(answer.model, answer.outputs)
+    response = {"model_name": name, "model_version": str(answer.version), "outputs": []}
     if "id" in payload:
         response["id"] = payload["id"]
     blobs = []
     for output, parameters in wanted:
         datatype, array = tensors[output]
         if parameters.get("classification"):
-            datatype, array = "BYTES", classification(meta, outputs, tensors, parameters["classification"])
+            datatype, array = "BYTES", classification(service().top_k(answer, parameters["classification"]))
         entry = {"name": output, "datatype": datatype, "shape": list(array.shape)}
         if parameters.get("binary_data"):
             blob = to_binary(datatype, array)
@@ -125,26 +114,6 @@ def infer(name, version=None):
     )
 
 
-# -- the model and its versions ----------------------------------------------------------
 def tensor(key, datatype, shape):
     """A tensor's metadata as the protocol writes it."""
     return {"name": key, "datatype": datatype, "shape": shape}
-
-
-def _meta(name, version):
-    """The backend's metadata, after a 404 in this protocol's words for a model or version this server does not serve."""
-    return served.metadata(
-        name, version,
-        unknown_model=lambda name: f"unknown model {name!r}; this server serves {current_app.config['MODEL_NAME']!r}",
-        unknown_version=lambda name, version, versions: (
-            f"model {name!r} has no version {version!r} (available: {', '.join(str(v) for v in versions)})"
-        ),
-    )
-
-
-def _num_classes(meta):
-    probabilities = signatures.summary(meta.get("signature_defs") or {}).get(SIGNATURE_PIXELS, {}).get("outputs", {}).get(OUTPUT_PROBABILITIES)
-    shape = (probabilities or {}).get("shape") or []
-    if len(shape) == 2 and shape[1] > 0:
-        return shape[1]
-    return len(meta["class_names"]) if meta.get("class_names") else -1

@@ -6,9 +6,9 @@ spooled to a temporary file, and the size limit is still Flask's ``MAX_CONTENT_L
 """
 
 import multipart
-from flask import current_app, request
+from flask import request
 
-from serve.errors import ServeError
+from serve.core import ServeError
 
 #: Most parts one request may hold (Flask's own MAX_FORM_PARTS default).
 MAX_PARTS = 1000
@@ -39,7 +39,9 @@ def parse():
     boundary = request.mimetype_params.get("boundary")
     if not boundary:
         raise ServeError("the multipart/form-data body has no boundary in its Content-Type")
-    limit = current_app.config.get("MAX_CONTENT_LENGTH") or 2**31
+    from serve.protocols import settings
+
+    limit = settings().max_upload_bytes
     parser = multipart.MultipartParser(
         request.stream,  # werkzeug's stream: it raises 413 past MAX_CONTENT_LENGTH
         boundary,

@@ -1,0 +1,25 @@
+"""The one error the serving core raises: a message and the HTTP status it goes out with.
+
+Every protocol adapter translates it into its own wire form (a JSON ``{"error": ...}`` with the
+status, the form page with the message); no other exception carries a request's failure.
+"""
+
+
+class ServeError(Exception):
+    """A request the server cannot answer as asked; ``status`` is the HTTP code to answer with.
+
+    4xx: the request is at fault (400 malformed, 404 no such model or version, 413 too large,
+    415 a format this server does not read); 500: the model failed; 503: try again later.
+    """
+
+    def __init__(self, message, status=400):
+        super().__init__(message)
+        self.status = status
+
+
+class NotServed(ServeError):
+    """A 404 for a model name or version this server does not serve; each protocol words it its own way."""
+
+    def __init__(self, name, version, versions, message):
+        super().__init__(message, 404)
+        self.name, self.version, self.versions = name, version, tuple(versions)

@@ -1,0 +1,25 @@
+"""The protocols: thin adapters between a wire format and :class:`serve.core.service.InferenceService`.
+
+Each module translates its requests into calls on the service and the service's typed answers
+(or its one :class:`~serve.core.errors.ServeError`) back into its wire format, and nothing else:
+no protocol imports a backend, a runtime, the batcher or the decoder (``tests/test_layering.py``).
+
+* :mod:`~serve.protocols.web`: the upload form (``/``);
+* :mod:`~serve.protocols.api`: the JSON API (``/api/v1``);
+* :mod:`~serve.protocols.tfserving_rest`: TF Serving's REST API (``/v1/models``);
+* :mod:`~serve.protocols.v2_rest`: the Open Inference Protocol over HTTP (``/v2``).
+
+A new protocol is one more module here that calls the service (docs/serving.md).
+"""
+
+from flask import current_app
+
+
+def service():
+    """This app's :class:`~serve.core.service.InferenceService`."""
+    return current_app.extensions["serve.service"]
+
+
+def settings():
+    """This app's :class:`~serve.settings.Settings`."""
+    return current_app.extensions["serve.settings"]

@@ -1,0 +1,66 @@
+"""``/``: an upload form that works without JavaScript, and the page of results."""
+
+import base64
+
+from flask import Blueprint, render_template
+
+from serve.core import ServeError, Upload, parse_top_k
+from serve.protocols import multipart, service, settings
+
+bp = Blueprint("web", __name__)
+
+MIME_TYPES = {"PNG": "image/png", "JPEG": "image/jpeg", "GIF": "image/gif", "BMP": "image/bmp", "WEBP": "image/webp"}
+_WORDS = ("", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine", "ten", "eleven", "twelve")
+
+
+@bp.get("/")
+def index():
+    return render_template("index.html", top_k=settings().top_k)
+
+
+@bp.post("/")
+def upload():
+    top_k = settings().top_k
+    try:
+        fields, files = multipart.parse() if multipart.is_multipart() else ({}, [])
+    except ServeError as e:
+        return render_error(f"The upload cannot be read: {e}.", e.status)
+    try:
+        top_k = parse_top_k(fields.get("top_k"), top_k)
+    except ServeError as e:
+        return render_error(str(e), e.status)
+    # A file input left empty still sends one part, with no name and no bytes.
+    uploads = [Upload(filename, data) for _, filename, data in files if data or filename]
+    if not uploads:
+        return render_error("Choose one or more image files first.", 400, top_k)
+    try:
+        result = service().classify(uploads, top_k)
+    except ServeError as e:
+        words = "Too many files: {}." if e.status == 413 else "The model is not available: {}"
+        return render_error(words.format(e), e.status, top_k)
+    results = [_shown(image) for image in result.images]
+    status = result.images[0].status if result.all_refused else 200
+    return render_template(
+        "index.html", top_k=top_k, results=results,
+        model={"name": result.model.name, "version": result.version, "architecture": result.model.architecture},
+        runtime=result.model.runtime, class_count=_count_words(len(result.model.class_names or ())) or "known",
+    ), status
+
+
+def _shown(image):
+    """One image as the page shows it: the public fields, and the upload back as a ``data:`` URL."""
+    shown = image.public()
+    if hasattr(image, "format"):
+        encoded = base64.b64encode(image.data).decode("ascii")
+        shown["data_url"] = f"data:{MIME_TYPES.get(image.format, 'application/octet-stream')};base64,{encoded}"
+    return shown
+
+
+def _count_words(n):
+    """``10`` as "ten", as a person would write it; larger counts as digits; 0 (unknown) as ""."""
+    return _WORDS[n] if n < len(_WORDS) else str(n)
+
+
+def render_error(message, status, top_k=None):
+    """The form page with ``message`` on it (also for a 401, 413 or 429 answered before the view)."""
+    return render_template("index.html", top_k=top_k or settings().top_k, error=message), status
