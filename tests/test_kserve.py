@@ -81,6 +81,9 @@ KNATIVE_SECURITY_FIELDS = {"capabilities", "readOnlyRootFilesystem", "runAsUser"
                            "allowPrivilegeEscalation", "seccompProfile"}
 KNATIVE_VOLUME_SOURCES = {"secret", "configMap", "projected", "emptyDir"}
 KNATIVE_PORT_NAMES = {"", "h2c", "http1"}
+KNATIVE_RESERVED_ENV = {"PORT", "K_SERVICE", "K_CONFIGURATION", "K_REVISION"}  # Knative sets these itself
+KNATIVE_RESERVED_PORTS = {8012, 8013, 8022, 9090, 9091, 8008}  # queue-proxy's and the profiler's
+KNATIVE_RESERVED_PATHS = {"/", "/dev", "/dev/log"}
 
 
 # --- rendering --------------------------------------------------------------------------------
@@ -377,6 +380,9 @@ def test_custom_predictors_use_only_what_knative_accepts_by_default(rendered):
         assert set(c["securityContext"]) <= KNATIVE_SECURITY_FIELDS, target
         assert "add" not in c["securityContext"].get("capabilities", {})
         assert len(c["ports"]) == 1 and c["ports"][0].get("name", "") in KNATIVE_PORT_NAMES, target
+        assert c["ports"][0]["containerPort"] not in KNATIVE_RESERVED_PORTS, target
+        assert not set(env_of(c)) & KNATIVE_RESERVED_ENV, target
+        assert not {m["mountPath"] for m in c.get("volumeMounts", [])} & KNATIVE_RESERVED_PATHS, target
         for kind in ("startupProbe", "readinessProbe", "livenessProbe"):
             port = (c.get(kind, {}).get("httpGet") or {}).get("port")
             assert port in (None, c["ports"][0].get("name"), c["ports"][0]["containerPort"]), f"{target}: {kind} port {port}"
@@ -561,6 +567,23 @@ def test_front_end_reaches_the_predictor_through_kserves_service(rendered):
     pod_labels = find(resources, "Deployment", "cifar-serve")["spec"]["template"]["metadata"]["labels"]
     assert [selects(f["podSelector"]["matchLabels"], pod_labels) for f in rule["from"]] == [True]
     assert [p["port"] for p in rule["ports"]] == [int(runtime_flags()["rest_api_port"])]
+
+
+def test_front_end_in_front_of_tfserving_is_deploy_k8s_with_another_backend(rendered, k8s):
+    """Every object of deploy/k8s/base as overlays/tfserving renders it, but for the backend variables."""
+    backend = {"SERVE_BACKEND", "TFSERVING_GRPC_TARGET", "TFSERVING_REST_URL"}
+    ours = {(r["kind"], r["metadata"]["name"]): copy.deepcopy(r) for r in rendered["tfserving"]}
+    theirs = {(r["kind"], r["metadata"]["name"]): copy.deepcopy(r) for r in k8s["overlays/tfserving"]}
+    front_end = {key for key, r in theirs.items() if r["metadata"].get("labels", {}).get("app.kubernetes.io/name") == "cifar-serve"
+                 or key[1] == "cifar-serve"}
+    assert ("Deployment", "cifar-serve") in front_end and len(front_end) == 6  # with its Service, account, HPA, budget, policy
+    for key in front_end:
+        for r in (ours[key], theirs[key]):
+            if key[0] == "Deployment":
+                for c in r["spec"]["template"]["spec"]["containers"]:
+                    c["env"] = [e for e in c["env"] if e["name"] not in backend]
+        assert ours[key] == theirs[key], key
+    assert set(ours) - front_end == {("InferenceService", "cifar10"), ("NetworkPolicy", "cifar10-predictor")}
 
 
 @pytest.mark.parametrize("state, ready", [("AVAILABLE", True), ("LOADING", False), (None, False)])
