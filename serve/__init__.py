@@ -64,11 +64,14 @@ def create_app(config=None, backend=None):
 
     @app.after_request
     def _observe(response):
+        # Labels from fixed sets only: the route's rule (or "<unmatched>"), a known method (or "other"),
+        # the status. A client that invents methods or paths adds no series.
         route = request.url_rule.rule if request.url_rule is not None else "<unmatched>"
+        method = request.method if request.method in metrics.METHODS else "other"
         started = g.get("serve_started")
         if started is not None:
-            app_metrics.latency.labels(route, request.method).observe(time.perf_counter() - started)
-        app_metrics.requests.labels(route, request.method, str(response.status_code)).inc()
+            app_metrics.latency.labels(route, method).observe(time.perf_counter() - started)
+        app_metrics.requests.labels(route, method, str(response.status_code)).inc()
         return response
 
     @app.errorhandler(HTTPException)

@@ -21,12 +21,17 @@ A refusal that comes before the body is read (401, 429, a 415 for the content ty
 body on the socket. gunicorn 27 drains at most 64 KiB of it after the answer, which has already
 announced keep-alive, and closes the connection when there is more: the client's next request
 on it then finds the connection gone. So a body of up to :data:`DRAIN_LIMIT` bytes that a
-refused request left unread is read here, as the server would have read a good request's; a
-larger one still closes the connection.
+refused request left unread is read here, as the server would have read a good request's, for at
+most :data:`DRAIN_TIMEOUT_S`: a client that declares a body and trickles it (or never sends it)
+would otherwise hold a request thread for as long as it likes, before any answer. A body that is
+larger, or not all there in time, is not read: the socket is shut for reading, so that neither this
+drain nor gunicorn's waits on it, the answer goes out at once and the connection closes after it.
 """
 
 import json
 import os
+import socket
+import time
 
 from flask import current_app, jsonify, request
 from flask.json.provider import DefaultJSONProvider
@@ -37,19 +42,30 @@ from serve.core.errors import ServeError
 NESTED_TOO_DEEPLY = "nested too deeply"
 #: Most bytes of a refused request's unread body read before answering, so its connection stays usable.
 DRAIN_LIMIT = 1024 * 1024
+#: Most seconds spent reading a refused request's unread body.
+DRAIN_TIMEOUT_S = 2.0
 _JSON_PACKAGE = os.path.dirname(json.__file__) + os.sep
 
 
 class JSONProvider(DefaultJSONProvider):
-    """Flask's default provider, keys in insertion order, deep nesting a ``ValueError``."""
+    """Flask's default provider, keys in insertion order; deep nesting and ``NaN``/``Infinity`` a ``ValueError``.
+
+    Python's ``json`` reads ``NaN``, ``Infinity`` and ``-Infinity``, which are not JSON (RFC 8259):
+    a value read from them would be echoed into answers that JavaScript and Go clients cannot parse.
+    """
 
     sort_keys = False
 
     def loads(self, s, **kwargs):
+        kwargs.setdefault("parse_constant", _not_json)
         try:
             return super().loads(s, **kwargs)
         except RecursionError:
             raise ValueError(NESTED_TOO_DEEPLY) from None
+
+
+def _not_json(constant):
+    raise ValueError(f"{constant} is not a JSON value (JSON has no NaN or Infinity)")
 
 
 def request_json():
@@ -68,15 +84,48 @@ def init_app(app):
 
 
 def _drain_refused_body(response):
-    """Read what a refused request left of its body (up to DRAIN_LIMIT), so keep-alive holds."""
+    """Read what a refused request left of its body (up to DRAIN_LIMIT, within DRAIN_TIMEOUT_S), so keep-alive holds."""
     length = request.content_length
-    if response.status_code >= 400 and length and length <= DRAIN_LIMIT:
-        try:
-            while request.stream.read(65536):
-                pass
-        except Exception:  # nosec B110  # an unreadable rest only means the connection closes, as without this
-            pass
+    if response.status_code < 400 or not length:
+        return response
+    sock = request.environ.get("gunicorn.socket")  # None in the test client, whose body is in memory
+    if length > DRAIN_LIMIT:
+        _stop_reading(sock)
+        return response
+    deadline = time.monotonic() + DRAIN_TIMEOUT_S
+    saved = sock.gettimeout() if sock is not None else None
+    try:
+        while True:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                raise TimeoutError
+            if sock is not None:
+                sock.settimeout(remaining)
+            if not request.stream.read(65536):
+                break
+    except Exception:  # too slow, or unreadable: the connection closes after the answer
+        _stop_reading(sock)
+    finally:
+        if sock is not None:
+            _restore_timeout(sock, saved)
     return response
+
+
+def _stop_reading(sock):
+    """Shut ``sock`` for reading: every later read of the unread body ends at once, and the connection closes."""
+    if sock is None:
+        return
+    try:
+        sock.shutdown(socket.SHUT_RD)
+    except OSError:  # nosec B110  # already gone: nothing left to stop
+        pass
+
+
+def _restore_timeout(sock, saved):
+    try:
+        sock.settimeout(saved)
+    except OSError:  # nosec B110  # the socket is shut already
+        pass
 
 
 def _recursion_error(e):

@@ -6,6 +6,8 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, G
 
 from contract import OUTPUT_IN_DISTRIBUTION, OUTPUT_OOD_SCORE, OUTPUT_PROBABILITIES
 
+#: The HTTP methods counted by name; any other is counted as "other".
+METHODS = frozenset({"GET", "HEAD", "POST", "PUT", "DELETE", "OPTIONS", "PATCH"})
 LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
 BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
 #: The top class's probability: fine steps near 1, where a confident model's answers sit.
@@ -42,6 +44,10 @@ class Metrics:
             "serve_model_version_skipped",
             "Versions newer than the one answering that this worker passed over (1: skipped; /readyz says why).",
             ["runtime", "version"], multiprocess_mode="livemax", **kw,
+        )
+        self.shed = Counter(
+            "serve_shed", "Requests answered 503 with Retry-After because the worker was full: queue_full (SERVE_MAX_QUEUE) "
+            "or timeout (SERVE_PREDICT_TIMEOUT_S).", ["reason"], **kw,
         )
         self.rejections = Counter(
             "serve_rejections",

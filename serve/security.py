@@ -227,15 +227,36 @@ class Security:
         return jsonify(error=f"too many requests: the limit is {e.description}; retry after {wait} s"), 429
 
     def headers(self, response):
-        """after_request: the security headers, on every answer (errors included)."""
+        """after_request: the security and caching headers, on every answer (errors included)."""
         csp = PAGE_CSP if response.mimetype == "text/html" else OTHER_CSP
         response.headers.setdefault("Content-Security-Policy", csp)
         for name, value in HEADERS.items():
             response.headers.setdefault(name, value)
+        # Every answer but a static file is made for this request and this caller: no cache, shared or
+        # private, may keep it (a shared cache could hand a keyed GET such as /metrics to a caller
+        # without the key). Answers that depend on request headers say which.
+        if not request.path.startswith(OPEN_PREFIXES):
+            response.headers["Cache-Control"] = "no-store"
+        vary = [*(["Origin"] if self.cors_origins else []), *(["Authorization", "X-API-Key"] if self.keys[area_of(request.path)] else [])]
+        if vary:
+            response.vary.update(vary)
         # Flask-Limiter writes Retry-After on every limited answer; it means something only on these.
         if response.status_code not in (429, 503):
             response.headers.pop("Retry-After", None)
         return response
+
+
+#: Seconds a Redis (or Valkey) rate-limit store may take to connect or to answer before the limiter
+#: counts in memory instead: one that accepts and never answers must not stall every request.
+STORE_TIMEOUT_S = 0.25
+
+
+def store_options(uri):
+    """The rate-limit store's connection options: sub-second timeouts for Redis and Valkey, none for the others."""
+    scheme = uri.partition("://")[0]
+    if scheme.startswith(("redis", "valkey")):
+        return {"socket_timeout": STORE_TIMEOUT_S, "socket_connect_timeout": STORE_TIMEOUT_S}
+    return {}
 
 
 def init_app(app, settings, metrics):
@@ -260,6 +281,7 @@ def init_app(app, settings, metrics):
             # shared, with the area as its scope: one count per client for every route of an area.
             default_limits=[Limit(security.rate_limit_for_request, shared=True, scope=lambda endpoint: area_of(request.path))],
             storage_uri=security.store,
+            storage_options=store_options(security.store),
             headers_enabled=True,
             # If Redis goes away, count in memory (per worker) rather than answer 500.
             in_memory_fallback_enabled=True,

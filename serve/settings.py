@@ -29,6 +29,9 @@ DEFAULT_BATCH_WAIT_MS = 2.0
 DEFAULT_MAX_UPLOAD_MB = 16.0
 DEFAULT_MAX_PIXELS = 4096 * 4096
 DEFAULT_TOP_K = 3
+DEFAULT_MAX_REQUEST_PIXELS = 4 * DEFAULT_MAX_PIXELS  # four images at the per-image cap
+DEFAULT_MAX_QUEUE = 1024  # images waiting for the model in one worker
+DEFAULT_PREDICT_TIMEOUT_S = 30.0
 BACKENDS = ("local", "tfserving-rest", "tfserving-grpc")
 RUNTIMES = SERVING_RUNTIMES
 LOG_LEVELS = ("debug", "info", "warning", "error", "critical")
@@ -177,6 +180,10 @@ class Settings:
     batch_wait_ms: float = _var("SERVE_BATCH_WAIT_MS", _number(0, 1000), DEFAULT_BATCH_WAIT_MS)
     max_upload_mb: float = _var("SERVE_MAX_UPLOAD_MB", _number(None, 1024, above=0), DEFAULT_MAX_UPLOAD_MB)
     max_pixels: int = _var("SERVE_MAX_PIXELS", _integer(1, 1 << 31), DEFAULT_MAX_PIXELS)
+    max_request_pixels: int = _var("SERVE_MAX_REQUEST_PIXELS", _integer(1, 1 << 40), DEFAULT_MAX_REQUEST_PIXELS)
+    decode_concurrency: int = _var("SERVE_DECODE_CONCURRENCY", _integer(0, 1024), 0)  # 0: one a core
+    max_queue: int = _var("SERVE_MAX_QUEUE", _integer(1, 1 << 20), DEFAULT_MAX_QUEUE)
+    predict_timeout_s: float = _var("SERVE_PREDICT_TIMEOUT_S", _number(None, 3600, above=0), DEFAULT_PREDICT_TIMEOUT_S)
     top_k: int = _var("SERVE_TOP_K", _integer(1, 1000), DEFAULT_TOP_K)
     # serve.security: keys, rate limits, CORS, proxies (everything off unless set).
     api_keys: str = _var("SERVE_API_KEYS", _text, "")
@@ -250,7 +257,9 @@ class Settings:
         """What one request may ask of the model, for :class:`serve.core.service.InferenceService`."""
         from serve.core.service import Limits
 
-        return Limits(max_images=self.max_images, max_pixels=self.max_pixels, top_k=self.top_k)
+        return Limits(max_images=self.max_images, max_pixels=self.max_pixels, top_k=self.top_k,
+                      max_request_pixels=self.max_request_pixels,
+                      decode_concurrency=self.decode_concurrency or _cores())
 
     @classmethod
     def keys(cls):

@@ -108,7 +108,7 @@ def test_the_service_runs_without_flask(app, samples, savedmodel):
 
     images, _ = samples
     metrics = Metrics()
-    core = InferenceService(app.extensions["serve.backend"], "cifar10", Limits(max_images=8, max_pixels=32 * 32, top_k=3),
+    core = InferenceService(app.extensions["serve.backend"], "cifar10", Limits(max_images=8, max_pixels=32 * 32, top_k=3, max_request_pixels=10**6),
                             metrics)
     uploads = [
         Upload("a.png", png(images[0])),

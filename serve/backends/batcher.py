@@ -31,13 +31,26 @@ class _Item:
         self.error = None
 
 
-class Batcher:
-    """Run ``fn(uint8 [N, ...]) -> {name: array [N, ...]}`` on batches gathered from many threads."""
+class Overloaded(RuntimeError):
+    """More images are waiting than ``max_queue`` allows: the request is refused before it queues."""
 
-    def __init__(self, fn, max_batch=32, max_wait_s=0.002, on_batch=None):
+
+class Batcher:
+    """Run ``fn(uint8 [N, ...]) -> {name: array [N, ...]}`` on batches gathered from many threads.
+
+    At most ``max_queue`` images wait at once (more raises :class:`Overloaded` at once), and a request
+    waits at most ``timeout_s`` for its answer (then ``TimeoutError``): a worker under more load
+    than it can answer sheds it instead of letting every request wait.
+    """
+
+    def __init__(self, fn, max_batch=32, max_wait_s=0.002, on_batch=None, max_queue=None, timeout_s=None):
         self._fn = fn
         self.max_batch = max(1, int(max_batch))
         self.max_wait_s = max(0.0, float(max_wait_s))
+        self.max_queue = max_queue
+        self.timeout_s = timeout_s
+        self._waiting = 0  # images queued or running, over every request
+        self._counting = threading.Lock()
         self._on_batch = on_batch
         self._queue = queue.Queue()
         self._running = threading.Lock()  # held during every model call, inline or batched
@@ -48,6 +61,30 @@ class Batcher:
 
     def submit(self, images):
         """Run ``images`` (uint8 ``[n, ...]``) in the next batch; block until its outputs are ready."""
+        self._admit(len(images))
+        try:
+            return self._submit(images)
+        finally:
+            with self._counting:
+                self._waiting -= len(images)
+
+    def _admit(self, count):
+        with self._counting:
+            if self.max_queue is not None and self._waiting and self._waiting + count > self.max_queue:
+                raise Overloaded(f"{self._waiting} images are already waiting for the model; this worker queues at most "
+                                 f"{self.max_queue} (SERVE_MAX_QUEUE)")
+            self._waiting += count
+
+    @property
+    def waiting(self):
+        """Images queued or running now."""
+        return self._waiting
+
+    def _wait(self, item):
+        if not item.done.wait(self.timeout_s):
+            raise TimeoutError(f"the model did not answer within {self.timeout_s:g} s (SERVE_PREDICT_TIMEOUT_S)")
+
+    def _submit(self, images):
         if len(images) > self.max_batch:
             return self._submit_parts(images)
         if self._queue.empty() and self._running.acquire(blocking=False):
@@ -60,7 +97,7 @@ class Batcher:
                 self._running.release()
         item = _Item(images)
         self._queue.put(item)
-        item.done.wait()
+        self._wait(item)
         if item.error is not None:
             raise item.error
         return item.result
@@ -71,7 +108,7 @@ class Batcher:
         for item in items:
             self._queue.put(item)
         for item in items:
-            item.done.wait()
+            self._wait(item)
         errors = [item.error for item in items if item.error is not None]
         if errors:
             raise errors[0]

@@ -10,12 +10,13 @@ import time
 from contract import OUTPUT_PROBABILITIES
 from serve import published
 from serve.backends import runtimes
-from serve.backends.batcher import Batcher
-from serve.core.errors import NotServed, ServeError
+from serve.backends.batcher import Batcher, Overloaded
+from serve.core.errors import NotServed, ServeError, Shed
 from serve.core.model import ModelInfo, Prediction, probe_batch
 
 RELOAD_INTERVAL_S = 5.0  # how often a backend that failed to load tries again
 RETIRE_AFTER_S = 30.0  # how long a replaced version keeps answering requests already sent to it
+RETRY_FIRST_S, RETRY_MAX_S = 5.0, 300.0  # a version that failed to load is tried again after 5 s, 10 s, ... 300 s
 
 
 class LocalBackend:
@@ -30,7 +31,7 @@ class LocalBackend:
     kind = "local"
 
     def __init__(self, model_dir, name, runtime, *, max_batch, batch_wait_ms, poll_s, threads=None, on_batch=None,
-                 on_load=None, on_skip=None):
+                 on_load=None, on_skip=None, max_queue=None, timeout_s=None):
         self.model_dir = str(model_dir)
         self.name = name
         self.runtime = runtimes.check(runtime)
@@ -39,6 +40,7 @@ class LocalBackend:
         self._on_skip = on_skip
         #: Versions newer than the served one that were passed over: ``{version: reason}``.
         self.skipped_versions = {}
+        self._retry_at = {}  # version -> (monotonic time it may be tried again, failed loads so far)
         # Like TF Serving's file-system poll: a new version N+1/ replaces the served one.
         self._poll_s = float(poll_s)
         self._polled_at = time.monotonic()
@@ -46,6 +48,7 @@ class LocalBackend:
         self._max_batch = max_batch
         self._wait_s = batch_wait_ms / 1000.0
         self._on_batch = on_batch
+        self._max_queue, self._timeout_s = max_queue, timeout_s
         self._lock = threading.Lock()
         self._state = None  # a _Loaded once loaded
         self._error = None
@@ -99,12 +102,31 @@ class LocalBackend:
         self._polled_at = now
         available = runtimes.versions(self.model_dir, self.runtime)
         self._note_skipped(self._state.version, available)
-        if available and available[-1] > self._state.version and available[-1] not in self.skipped_versions \
-                and self._swapping.acquire(blocking=False):
-            threading.Thread(target=self._swap, args=(available[-1],), name="model-swap", daemon=True).start()
+        newest = available[-1] if available else None
+        if newest is None or newest <= self._state.version or not self._due(newest, now):
+            return
+        if self._state.info.architecture is not None and published.manifest(os.path.join(self.model_dir, str(newest))) is None:
+            # Exported versions carry their manifest; one copied in by hand may show its model before
+            # its manifest. Wait for it rather than serve the version without confidence data for good.
+            logging.getLogger(__name__).info("version %s has no manifest yet; waiting for it", newest)
+            return
+        if self._swapping.acquire(blocking=False):
+            threading.Thread(target=self._swap, args=(newest,), name="model-swap", daemon=True).start()
+
+    def _due(self, version, now):
+        """Whether ``version`` may be loaded now: never failed, or its back-off has passed."""
+        retry_at, _ = self._retry_at.get(version, (0.0, 0))
+        return now >= retry_at
 
     def _note_skipped(self, served, available):
-        """Log, record and count each published version newer than ``served`` that this runtime cannot serve."""
+        """Log, record and count each published version newer than ``served`` that this runtime cannot serve.
+
+        A version whose file for this runtime appears later (a copy that was still under way when the
+        directory was listed) stops being skipped at the next poll.
+        """
+        for version in list(self.skipped_versions):
+            if version in available and version not in self._retry_at:
+                del self.skipped_versions[version]
         for version in published.versions(self.model_dir):
             if version > served and version not in available and version not in self.skipped_versions:
                 self._skip(version, runtimes.missing_reason(os.path.join(self.model_dir, str(version)), self.runtime))
@@ -121,11 +143,16 @@ class LocalBackend:
     def _swap(self, version):
         try:
             new_state = self._load_unlocked(version)
-        except Exception as e:  # keep serving the version we have; not tried again until the server restarts
-            self._skip(version, f"failed to load: {type(e).__name__}: {e}")
+        except Exception as e:  # keep serving the version we have, and try this one again after a back-off
+            _, failures = self._retry_at.get(version, (0.0, 0))
+            wait = min(RETRY_MAX_S, RETRY_FIRST_S * 2**failures)
+            self._retry_at[version] = (time.monotonic() + wait, failures + 1)
+            self._skip(version, f"failed to load: {type(e).__name__}: {e} (tried {failures + 1} times; again in {wait:g} s)")
             return
         finally:
             self._swapping.release()
+        self._retry_at.pop(version, None)
+        self.skipped_versions.pop(version, None)
         old_state, self._state = self._state, new_state
         self._loaded(new_state)
         logging.getLogger(__name__).info("now serving version %s (was %s)", version, old_state.version)
@@ -148,7 +175,8 @@ class LocalBackend:
         model = runtimes.load(self.runtime, path, self._threads)
         info = ModelInfo.build(self.name, version, model.signature_defs, published.manifest(path), versions=(version,),
                                runtime=self.runtime)
-        batcher = Batcher(model.pixels, max_batch=self._max_batch, max_wait_s=self._wait_s, on_batch=self._on_batch)
+        batcher = Batcher(model.pixels, max_batch=self._max_batch, max_wait_s=self._wait_s, on_batch=self._on_batch,
+                          max_queue=self._max_queue, timeout_s=self._timeout_s)
         return _Loaded(version, model, batcher, info)
 
     def _loaded(self, state):
@@ -182,6 +210,10 @@ class LocalBackend:
             return Prediction(state.version, {key: value.copy() for key, value in state.model.empty_outputs.items()})
         try:
             return Prediction(state.version, state.batcher.submit(images))
+        except Overloaded as e:
+            raise Shed(str(e), "queue_full") from None
+        except TimeoutError as e:
+            raise Shed(str(e), "timeout") from None
         except Exception as e:
             raise ServeError(f"prediction failed: {type(e).__name__}: {e}", 500) from e
 

@@ -1,5 +1,6 @@
 """TF Serving as the backend: its REST API or its gRPC ``PredictionService``, with what the two share."""
 
+import json
 import os
 import threading
 import time
@@ -13,6 +14,8 @@ from serve.core.model import ModelInfo, Prediction, probe_batch
 from tfs_protos import tensors
 
 METADATA_TTL_S = 30.0  # how long a TF Serving backend trusts the metadata it fetched
+#: Most bytes of one TF Serving answer read: far above a 256-image answer, far below a worker's memory.
+MAX_ANSWER_BYTES = 64 * 1024 * 1024
 
 
 class _RemoteBackend:
@@ -118,23 +121,32 @@ class TFServingRestBackend(_RemoteBackend):
         import requests
 
         url = f"{self.url}/v1/models/{self.name}{path}"
+        deadline = time.monotonic() + self.timeout_s
+        late = ServeError(f"TF Serving at {self.url} did not answer within {self.timeout_s:g} s", 503)
         for attempt in (1, 2):
             try:
-                response = self._session.request(method, url, json=body, timeout=self.timeout_s)
+                response = self._session.request(method, url, json=body, timeout=max(0.001, deadline - time.monotonic()),
+                                                 stream=True)
                 break
             except requests.Timeout:
-                raise ServeError(f"TF Serving at {self.url} did not answer within {self.timeout_s:g} s", 503) from None
+                raise late from None
             except requests.ConnectionError as e:
                 # A pooled connection may be stale after TF Serving restarted: retry once on a fresh one.
-                if attempt == 2:
+                if attempt == 2 or time.monotonic() >= deadline:
                     raise ServeError(f"TF Serving at {self.url} is unreachable ({type(e).__name__})", 503) from None
+        with response:
+            data = _read_body(response, deadline, late, self.url)
         try:
-            payload = response.json()
+            payload = json.loads(data)
         except ValueError:
-            payload = {"error": response.text[:200]}
+            payload = None
         if response.status_code >= 400:
+            error = payload.get("error") if isinstance(payload, dict) else data[:200].decode("utf-8", "replace")
             status = response.status_code if response.status_code in (400, 404) else 503
-            raise ServeError(f"TF Serving: {payload.get('error', response.reason)}", status)
+            raise ServeError(f"TF Serving: {error or response.reason}", status)
+        if not isinstance(payload, dict):
+            raise ServeError(f"TF Serving at {self.url} answered {response.status_code} with a body that is not a JSON "
+                             "object", 503)
         return payload
 
     def _fetch_metadata(self):
@@ -150,12 +162,61 @@ class TFServingRestBackend(_RemoteBackend):
         body = {"signature_name": signature_name, "inputs": {k: _to_json(v) for k, v in inputs.items()}}
         path = f"/versions/{int(version)}:predict" if version is not None else ":predict"
         payload = self._request("POST", path, body)
-        outputs = payload.get("outputs")
+        if "outputs" not in payload:
+            raise ServeError(f"TF Serving at {self.url} answered without \"outputs\"", 503)
+        outputs = payload["outputs"]
         dtypes = self._output_dtypes(signature_name)
         if not isinstance(outputs, dict):  # a single-output signature comes back bare
-            (only,) = dtypes or (OUTPUT_PROBABILITIES,)
-            outputs = {only: outputs}
-        return {key: _from_json(value, dtypes.get(key)) for key, value in outputs.items()}
+            declared = list(self.info().signature_defs.get(signature_name, {}).get("outputs", {}))
+            if len(declared) != 1:
+                raise ServeError(f"TF Serving at {self.url} answered one bare output for signature {signature_name!r}, "
+                                 f"which has {len(declared)}", 503)
+            outputs = {declared[0]: outputs}
+        try:
+            return {key: _from_json(value, dtypes.get(key)) for key, value in outputs.items()}
+        except (TypeError, ValueError) as e:
+            raise ServeError(f"TF Serving at {self.url} answered outputs that are not tensors ({e})", 503) from None
+
+
+def _read_body(response, deadline, late, url):
+    """The whole body of ``response``, read by ``deadline`` and at most :data:`MAX_ANSWER_BYTES` long.
+
+    requests' timeout bounds each socket read, not the answer: a server that sends a byte every
+    second would hold the thread for as long as it liked. A timer shuts the socket at the
+    deadline, which ends a read that is waiting.
+    """
+    import requests
+
+    declared = response.headers.get("Content-Length")
+    if declared is not None and declared.isdigit() and int(declared) > MAX_ANSWER_BYTES:
+        raise ServeError(f"TF Serving at {url} answered {declared} bytes; at most {MAX_ANSWER_BYTES} are read", 503)
+    watchdog = threading.Timer(max(0.0, deadline - time.monotonic()), _shut, args=(response.raw,))
+    watchdog.daemon = True
+    watchdog.start()
+    chunks, size = [], 0
+    try:
+        for chunk in response.iter_content(65536):
+            size += len(chunk)
+            if size > MAX_ANSWER_BYTES:
+                raise ServeError(f"TF Serving at {url} answered more than {MAX_ANSWER_BYTES} bytes", 503)
+            chunks.append(chunk)
+            if time.monotonic() >= deadline:
+                raise late
+    except (requests.RequestException, OSError, ValueError):
+        if time.monotonic() >= deadline:
+            raise late from None
+        raise ServeError(f"TF Serving at {url} broke off its answer", 503) from None
+    finally:
+        watchdog.cancel()
+    return b"".join(chunks)
+
+
+def _shut(raw):
+    """End a read of ``raw`` (urllib3's response) that is waiting: its socket is shut for reading."""
+    try:
+        raw.shutdown()
+    except (AttributeError, OSError, RuntimeError, ValueError):  # nosec B110  # released, closed, or an urllib3 before 2.3
+        pass
 
 
 def _split(inputs, max_batch):

@@ -7,10 +7,10 @@ confidence, metrics); ``decode``: the one image decoder; ``errors``: the one err
 imports Flask. docs/serving.md draws the whole path of a request.
 """
 
-from serve.core.errors import NotServed, ServeError
+from serve.core.errors import NotServed, ServeError, Shed
 from serve.core.model import Backend, Confidence, ModelInfo, Prediction
 from serve.core.service import (Answered, Classification, Inference, InferenceService, Limits, Ranked, Refused, Upload,
                                 float32_list, parse_top_k)
 
 __all__ = ["Answered", "Backend", "Classification", "Confidence", "Inference", "InferenceService", "Limits", "ModelInfo",
-           "NotServed", "Prediction", "Ranked", "Refused", "ServeError", "Upload", "float32_list", "parse_top_k"]
+           "NotServed", "Prediction", "Ranked", "Refused", "ServeError", "Shed", "Upload", "float32_list", "parse_top_k"]

@@ -64,6 +64,24 @@ def decode_all(datas, max_pixels, name_of):
     return np.stack([pixels for pixels, _ in results])
 
 
+def declared_pixels(data):
+    """The pixels ``data`` declares in its header, read without decoding it (0 when it names no size)."""
+    if data[:3] == b"\xff\xd8\xff":
+        try:
+            height, width, _, _ = simplejpeg.decode_jpeg_header(data)
+            return width * height
+        except ValueError:
+            pass  # Pillow may still read the header, or say why not when it decodes
+    try:
+        with Image.open(io.BytesIO(data), formats=ALLOWED_FORMATS) as image:  # reads the header only
+            width, height = image.size
+            return width * height
+    except (Image.DecompressionBombWarning, Image.DecompressionBombError):
+        return 1 << 62  # over any cap: the decoder refuses it on its own
+    except Exception:  # not an image, or a damaged header: decoding says which, and costs nothing
+        return 0
+
+
 def _decode_plain_jpeg(data):
     """uint8 ``[32, 32, 3]`` pixels of a JPEG that Pillow would decode to the same, else None.
 

@@ -12,9 +12,22 @@ class ServeError(Exception):
     415 a format this server does not read); 500: the model failed; 503: try again later.
     """
 
+    #: Seconds after which a retry may succeed, sent as ``Retry-After`` (None: no such header).
+    retry_after = None
+
     def __init__(self, message, status=400):
         super().__init__(message)
         self.status = status
+
+
+class Shed(ServeError):
+    """A 503 for load this worker will not take on now (``reason``: ``queue_full`` or ``timeout``); retry soon."""
+
+    retry_after = 1
+
+    def __init__(self, message, reason):
+        super().__init__(message, 503)
+        self.reason = reason
 
 
 class NotServed(ServeError):

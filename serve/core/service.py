@@ -16,12 +16,14 @@ or HTTP. The service owns, for every protocol alike:
 
 Typical usage (``create_app`` builds one per app)::
 
-    service = InferenceService(backend, "cifar10", Limits(max_images=256, max_pixels=4096 * 4096, top_k=3))
+    service = InferenceService(backend, "cifar10", Limits(max_images=256, max_pixels=4096 * 4096, top_k=3,
+                                                          max_request_pixels=4 * 4096 * 4096))
     result = service.classify([Upload("cat.png", data)])
     result.images[0].label
 """
 
 import dataclasses
+import threading
 from collections.abc import Mapping
 
 import numpy as np
@@ -30,7 +32,7 @@ from contract import INPUT_BYTES, INPUT_PIXELS, OUTPUT_IN_DISTRIBUTION, OUTPUT_O
 from contract.ranking import top_k as rank
 from serve import signatures
 from serve.core import decode as decoder
-from serve.core.errors import NotServed, ServeError
+from serve.core.errors import NotServed, ServeError, Shed
 from serve.core.model import Backend, ModelInfo
 
 
@@ -41,6 +43,8 @@ class Limits:
     max_images: int  # images in one request (SERVE_MAX_IMAGES)
     max_pixels: int  # pixels one image may declare (SERVE_MAX_PIXELS)
     top_k: int  # classes ranked when the request does not say (SERVE_TOP_K)
+    max_request_pixels: int  # pixels all the images of one request may declare (SERVE_MAX_REQUEST_PIXELS)
+    decode_concurrency: int = 1  # requests of this process decoding at once (SERVE_DECODE_CONCURRENCY)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -144,6 +148,7 @@ class InferenceService:
         self.model_name = model_name
         self.limits = limits
         self._metrics = metrics
+        self._decoding = threading.BoundedSemaphore(max(1, limits.decode_concurrency))
 
     @property
     def kind(self):
@@ -183,7 +188,24 @@ class InferenceService:
         ``name_of(index)`` names an element in the error, as the caller's protocol names it.
         """
         self.check_count(len(datas))
-        return decoder.decode_all(datas, self.limits.max_pixels, name_of)
+        self.check_budget(datas)
+        with self._decoding:
+            return decoder.decode_all(datas, self.limits.max_pixels, name_of)
+
+    def check_budget(self, datas):
+        """A 413 naming the budget when the images of one request declare more pixels than ``SERVE_MAX_REQUEST_PIXELS``.
+
+        Read from each image's header, before any is decoded: a request of many small files that
+        each declare a huge image costs its header reads, not its pixels. An image over the per-image
+        cap counts for nothing here: it is refused on its own, undecoded.
+        """
+        total = 0
+        for data in datas:
+            declared = decoder.declared_pixels(data)
+            total += declared if declared <= self.limits.max_pixels else 0
+            if total > self.limits.max_request_pixels:
+                raise ServeError(f"the request's images declare more than {self.limits.max_request_pixels} pixels in all; "
+                                 "this server decodes at most that many per request (SERVE_MAX_REQUEST_PIXELS)", 413)
 
     # -- prediction ----------------------------------------------------------------------
     def classify(self, uploads, top_k=None, name=None, version=None) -> Classification:
@@ -196,7 +218,10 @@ class InferenceService:
         info = self.model(name, version)
         k = self.limits.top_k if top_k is None else top_k
         slots, good, pixels = [], [], []
-        decoded = iter(decoder.decode_many([u.data for u in uploads if u.error is None], self.limits.max_pixels))
+        readable = [u.data for u in uploads if u.error is None]
+        self.check_budget(readable)
+        with self._decoding:
+            decoded = iter(decoder.decode_many(readable, self.limits.max_pixels))
         for index, upload in enumerate(uploads):
             who = repr(upload.filename) if upload.filename else f"instance {index}"
             if upload.error is not None:  # the caller already found it unusable (bad base64)
@@ -225,7 +250,12 @@ class InferenceService:
         if info is None:
             self.check_count(len(pixels))
             info = self.model(name, version)
-        prediction = self.backend.infer(pixels, None if version is None else int(version))
+        try:
+            prediction = self.backend.infer(pixels, None if version is None else int(version))
+        except Shed as e:
+            if self._metrics is not None:
+                self._metrics.shed.labels(e.reason).inc()
+            raise
         self._observe(prediction.version, prediction.outputs, len(pixels))
         return Inference(info, prediction.version, prediction.outputs)
 

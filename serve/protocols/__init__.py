@@ -12,7 +12,7 @@ no protocol imports a backend, a runtime, the batcher or the decoder (``tests/te
 A new protocol is one more module here that calls the service (docs/serving.md).
 """
 
-from flask import current_app
+from flask import current_app, jsonify
 
 
 def service():
@@ -23,3 +23,13 @@ def service():
 def settings():
     """This app's :class:`~serve.settings.Settings`."""
     return current_app.extensions["serve.settings"]
+
+
+def json_error(e):
+    """A :class:`~serve.core.errors.ServeError` as every JSON protocol answers it: ``{"error": ...}``, its status,
+    and ``Retry-After`` when the error says when to retry."""
+    response = jsonify(error=str(e))
+    response.status_code = e.status
+    if e.retry_after is not None:
+        response.headers["Retry-After"] = str(e.retry_after)
+    return response

@@ -8,14 +8,10 @@ from flask import Blueprint, jsonify, request
 from contract import API_PREFIX
 from serve import bodies, signatures
 from serve.core import ServeError, Upload, parse_top_k
-from serve.protocols import multipart, service, settings
+from serve.protocols import json_error, multipart, service, settings
 
 bp = Blueprint("api", __name__, url_prefix=API_PREFIX)
-
-
-@bp.errorhandler(ServeError)
-def _error(e):
-    return jsonify(error=str(e)), e.status
+bp.register_error_handler(ServeError, json_error)
 
 
 def _uploads():

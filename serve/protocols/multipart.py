@@ -85,3 +85,5 @@ def _text(part):
         return part.value
     except UnicodeDecodeError:
         raise ServeError(f"the form field {shorten(part.name)!r} is not UTF-8 text") from None
+    except LookupError:  # Content-Type: text/plain; charset=no-such-codec
+        raise ServeError(f"the form field {shorten(part.name)!r} names a charset this server does not know") from None

@@ -19,7 +19,7 @@ from werkzeug.routing import BaseConverter
 from contract import SIGNATURE_PIXELS, TFSERVING_REST_PREFIX
 from serve import bodies, signatures
 from serve.core import NotServed, ServeError, float32_list
-from serve.protocols import service
+from serve.protocols import json_error, service
 
 bp = Blueprint("tfserving", __name__, url_prefix=TFSERVING_REST_PREFIX)
 
@@ -43,7 +43,7 @@ def _error(e):
     if isinstance(e, NotServed):  # TF Serving's own words
         which = f"Specific({e.name}, {e.version})" if e.version is not None else f"Latest({e.name})"
         return jsonify(error=f"Servable not found for request: {which}"), 404
-    return jsonify(error=str(e)), e.status
+    return json_error(e)
 
 
 @bp.get("/<model:name>")

@@ -95,7 +95,7 @@ def read_input(payload, binary):
         if not isinstance(tensor, dict):
             raise ServeError("each input must be an object with name, shape, datatype and data")
         key = tensor.get("name")
-        if key not in INPUTS:
+        if not isinstance(key, str) or key not in INPUTS:
             raise ServeError(f"unknown input {key!r}; this model takes {_takes()}")
         if key in tensors:
             raise ServeError(f"input {key!r} is given twice")
@@ -176,7 +176,10 @@ def _json_bytes(key, data, count, content_type):
             raise ServeError(f"input {key!r}: an element is not valid base64") from None
     if content_type not in (None, "str"):
         raise ServeError(f"input {key!r}: content_type {content_type!r} is not supported (base64, or none for UTF-8 text)")
-    return [value.encode("utf-8") for value in data]
+    try:
+        return [value.encode("utf-8") for value in data]
+    except UnicodeEncodeError:  # a lone surrogate such as "\ud800", which JSON can spell and UTF-8 cannot
+        raise ServeError(f"input {key!r}: an element is not valid Unicode text (a lone surrogate)") from None
 
 
 def _unpack_bytes(key, raw, count):

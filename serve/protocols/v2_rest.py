@@ -17,7 +17,7 @@ from flask import Blueprint, Response, current_app, jsonify
 
 from contract import OUTPUT_PROBABILITIES, V2_PREFIX
 from serve.core import ServeError
-from serve.protocols import service
+from serve.protocols import json_error, service
 from serve.protocols.v2_request import HEADER_LENGTH, INPUTS, Binary, read_body, read_input, requested_outputs
 from serve.protocols.v2_response import DATATYPES, classification, output_tensors, to_binary, to_json
 
@@ -29,9 +29,7 @@ EXTENSIONS = ("binary_tensor_data", "classification")
 SAVEDMODEL_PLATFORM = "tensorflow_savedmodel"
 
 
-@bp.errorhandler(ServeError)
-def _error(e):
-    return jsonify(error=str(e)), e.status
+bp.register_error_handler(ServeError, json_error)
 
 
 @bp.get("")

@@ -36,8 +36,12 @@ def upload():
     try:
         result = service().classify(uploads, top_k)
     except ServeError as e:
-        words = "Too many files: {}." if e.status == 413 else "The model is not available: {}"
-        return render_error(words.format(e), e.status, top_k)
+        if e.status == 413:
+            words = "Too many files: {}." if "SERVE_MAX_IMAGES" in str(e) else "The upload is too large: {}."
+        else:
+            words = "The model is not available: {}"
+        page, status = render_error(words.format(e), e.status, top_k)
+        return page, status, {"Retry-After": str(e.retry_after)} if e.retry_after is not None else {}
     results = [_shown(image) for image in result.images]
     status = result.images[0].status if result.all_refused else 200
     return render_template(
