@@ -29,7 +29,7 @@ def create_app(config=None, backend=None):
     The pieces get their typed settings in their constructors: the metrics, the security hooks, the
     backend and the :class:`~serve.core.service.InferenceService` that every protocol calls.
     """
-    from serve import backends, bodies, health, metrics, security, settings
+    from serve import backends, bodies, health, logs, metrics, security, settings
     from serve.core import InferenceService
     from serve.protocols import api, tfserving_rest, v2_rest, web
 
@@ -39,6 +39,8 @@ def create_app(config=None, backend=None):
     app.config.from_mapping({k: v for k, v in (config or {}).items() if k not in settings.Settings.keys()})
     app.config["MAX_CONTENT_LENGTH"] = configured.max_upload_bytes
     app.extensions["serve.settings"] = configured
+    # First, so that every later hook, refusals included, runs with the request's id.
+    logs.init_app(app, configured.log_format)
     # A body that cannot be read (JSON however deep, a broken chunked body) is a 400 on every route.
     bodies.init_app(app)
 
@@ -50,7 +52,7 @@ def create_app(config=None, backend=None):
     if backend is None:
         backend = backends.from_settings(configured, app_metrics)
     app.extensions["serve.backend"] = backend
-    service = InferenceService(backend, configured.model_name, configured.limits(), app_metrics)
+    service = InferenceService(backend, configured.model_name, configured.limits(), app_metrics, on_answer=logs.note_answer)
     app.extensions["serve.service"] = service
     app.extensions["serve.readiness"] = health.Readiness(backend)
     app.context_processor(lambda: {"model_name": configured.model_name})

@@ -35,6 +35,7 @@ DEFAULT_PREDICT_TIMEOUT_S = 30.0
 BACKENDS = ("local", "tfserving-rest", "tfserving-grpc")
 RUNTIMES = SERVING_RUNTIMES
 LOG_LEVELS = ("debug", "info", "warning", "error", "critical")
+LOG_FORMATS = ("json", "text")
 DEFAULT_RATE_LIMIT_STORE = "memory://"
 #: The storage schemes Flask-Limiter's ``limits`` package accepts.
 RATE_LIMIT_STORES = ("memory", "redis", "rediss", "redis+unix", "redis+sentinel", "redis+cluster", "memcached", "mongodb", "valkey")
@@ -206,6 +207,7 @@ class Settings:
     gunicorn_timeout: int = _var("GUNICORN_TIMEOUT", _integer(0, 86400), 120)
     gunicorn_accesslog: str = _var("GUNICORN_ACCESSLOG", _text, None)
     gunicorn_loglevel: str = _var("GUNICORN_LOGLEVEL", _choice(*LOG_LEVELS), "info")
+    log_format: str = _var("SERVE_LOG_FORMAT", _choice(*LOG_FORMATS), "json")
     malloc_arena_max: int = _var("MALLOC_ARENA_MAX", _integer(1, 1024), None)
     prometheus_multiproc_dir: str = _var("PROMETHEUS_MULTIPROC_DIR", _text, None)
 

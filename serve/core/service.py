@@ -143,11 +143,12 @@ def parse_top_k(value, default):
 class InferenceService:
     """One model name over one :class:`~serve.core.model.Backend`, with the limits and metrics every protocol shares."""
 
-    def __init__(self, backend: Backend, model_name: str, limits: Limits, metrics=None):
+    def __init__(self, backend: Backend, model_name: str, limits: Limits, metrics=None, on_answer=None):
         self.backend = backend
         self.model_name = model_name
         self.limits = limits
         self._metrics = metrics
+        self._on_answer = on_answer  # on_answer(version, images): e.g. the request's log line (serve.logs)
         self._decoding = threading.BoundedSemaphore(max(1, limits.decode_concurrency))
 
     @property
@@ -301,6 +302,8 @@ class InferenceService:
         if self._metrics is not None and images:
             self._metrics.images.inc(images)
             self._metrics.answers(version, outputs)
+        if self._on_answer is not None and images:
+            self._on_answer(version, images)
 
 
 def _confidence_of(outputs, rows):

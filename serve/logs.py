@@ -1,0 +1,104 @@
+"""Request ids and structured logs: one request followed through the answer, the error body and every log line.
+
+Every request gets an id: the caller's ``X-Request-Id`` when it is sane (1 to 128 letters, digits,
+``.``, ``_``, ``:`` or ``-``), else a new one. It comes back in the answer's ``X-Request-Id``, in
+every JSON error body (``"request_id"``), and on every log line written while the request is
+handled. After each request one line on the ``serve.access`` logger says what happened: the id, the
+method, the route, the status, the model version and images answered, the duration and the client's
+address (after ``SERVE_TRUSTED_PROXIES``' proxy fix). No line carries an API key, a header or an
+image's bytes.
+
+``SERVE_LOG_FORMAT=json`` (the default) writes each record as one JSON object a line (python-json-logger);
+``text`` writes plain lines for a terminal.
+"""
+
+import logging
+import re
+import sys
+import time
+import uuid
+
+from flask import g, has_request_context, request
+
+HEADER = "X-Request-Id"
+SANE_ID = re.compile(r"[A-Za-z0-9._:-]{1,128}")
+#: Fields every JSON line carries, in this order (the rest follow).
+JSON_FIELDS = "%(asctime)s %(levelname)s %(name)s %(message)s"
+TEXT_FORMAT = "%(asctime)s %(levelname)s %(name)s [%(request_id)s] %(message)s"
+ACCESS = logging.getLogger("serve.access")
+
+
+def request_id():
+    """The id of the request being handled, or None outside a request."""
+    return g.get("request_id") if has_request_context() else None
+
+
+class RequestIdFilter(logging.Filter):
+    """Adds ``request_id`` to every record (``-`` outside a request), so any formatter can show it."""
+
+    def filter(self, record):
+        if not hasattr(record, "request_id"):
+            record.request_id = request_id() or "-"
+        return True
+
+
+def formatter(kind):
+    """A formatter for ``SERVE_LOG_FORMAT``: JSON lines, or text."""
+    if kind == "json":
+        from pythonjsonlogger.json import JsonFormatter
+
+        return JsonFormatter(JSON_FIELDS, rename_fields={"levelname": "level", "name": "logger", "asctime": "time"})
+    return logging.Formatter(TEXT_FORMAT)
+
+
+def configure(kind):
+    """Send the server's own loggers (``serve``, and the app's) to stderr in ``kind``, each record with its request id."""
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(formatter(kind))
+    handler.addFilter(RequestIdFilter())
+    root = logging.getLogger("serve")
+    if not any(getattr(h, "serve_logs", False) for h in root.handlers):
+        handler.serve_logs = True
+        root.addHandler(handler)
+        root.setLevel(logging.INFO)
+
+
+def init_app(app, log_format):
+    """Give every request an id, echo it, put it in JSON error bodies, and log one line per request."""
+    configure(log_format)
+
+    @app.before_request
+    def _assign():
+        given = request.headers.get(HEADER, "")
+        g.request_id = given if SANE_ID.fullmatch(given) else uuid.uuid4().hex
+        g.serve_log_started = time.perf_counter()
+
+    @app.after_request
+    def _echo(response):
+        rid = g.get("request_id")
+        if rid is None:  # a request refused before the hooks ran
+            rid = g.request_id = uuid.uuid4().hex
+        response.headers[HEADER] = rid
+        if response.status_code >= 400 and response.is_json:
+            body = response.get_json(silent=True)
+            if isinstance(body, dict) and "error" in body and "request_id" not in body:
+                body["request_id"] = rid
+                response.set_data(app.json.dumps(body))
+        started = g.get("serve_log_started")
+        answered = g.get("serve_answered") or (None, 0)
+        ACCESS.info("%s %s %s", request.method, request.path if request.url_rule is None else request.url_rule.rule,
+                    response.status_code, extra={
+                        "request_id": rid, "method": request.method,
+                        "route": request.url_rule.rule if request.url_rule is not None else "<unmatched>",
+                        "status": response.status_code, "model_version": answered[0], "images": answered[1],
+                        "duration_ms": round((time.perf_counter() - started) * 1000, 2) if started else None,
+                        "client": request.remote_addr,
+                    })
+        return response
+
+
+def note_answer(version, images):
+    """Record for this request's log line which model version answered how many images (the core's hook)."""
+    if has_request_context():
+        previous = g.get("serve_answered") or (None, 0)
+        g.serve_answered = (version, previous[1] + images)
