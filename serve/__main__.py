@@ -2,7 +2,7 @@
 
 Typical usage::
 
-    python -m serve --model-dir models/cifar10 --host 127.0.0.1 --port 8000
+    python -m serve --model-dir models/cifar10 --host 127.0.0.1 --port 8000 --grpc-port 8500
     python -m serve --backend tfserving-rest --tfserving-rest-url http://127.0.0.1:8501
     python -m serve --check        # print the effective settings and exit (2: a bad value, named)
 
@@ -26,6 +26,7 @@ def main(argv=None):
     parser.add_argument("--model-name", help="model name in URLs (sets MODEL_NAME; default cifar10)")
     parser.add_argument("--host", help="address to listen on (sets HOST; default 0.0.0.0)")
     parser.add_argument("--port", type=int, help="port to listen on (sets PORT; default 8000)")
+    parser.add_argument("--grpc-port", type=int, help="port of TF Serving's gRPC API, 0 for none (sets GRPC_PORT; default 8500)")
     parser.add_argument("--backend", choices=settings.BACKENDS, help="where predictions run (sets SERVE_BACKEND; default local)")
     parser.add_argument("--tfserving-rest-url", help="TF Serving REST URL, e.g. http://host:8501 (sets TFSERVING_REST_URL)")
     parser.add_argument("--tfserving-grpc-target", help="TF Serving gRPC host:port (sets TFSERVING_GRPC_TARGET)")
@@ -38,6 +39,7 @@ def main(argv=None):
         "MODEL_NAME": args.model_name,
         "HOST": args.host,
         "PORT": args.port and str(args.port),
+        "GRPC_PORT": None if args.grpc_port is None else str(args.grpc_port),
         "SERVE_BACKEND": args.backend,
         "TFSERVING_REST_URL": args.tfserving_rest_url,
         "TFSERVING_GRPC_TARGET": args.tfserving_grpc_target,

@@ -69,6 +69,29 @@ def post_worker_init(worker):
     from gunicorn import util
 
     util.write_error = _write_json_error
+    if _settings.grpc_port:
+        _start_grpc(worker)
+
+
+def _start_grpc(worker):
+    """TF Serving's gRPC API in this worker, over its app's service (docs/serving.md, "gRPC"): every worker
+    binds GRPC_PORT with SO_REUSEPORT and the kernel spreads the connections. Not in the arbiter: gRPC must
+    not start before a fork. A port that cannot be bound stops the worker's boot, and with it the server."""
+    from serve.protocols import tfserving_grpc
+
+    address = tfserving_grpc.bind_address(_settings.host, _settings.grpc_port)
+    server, _ = tfserving_grpc.make_server(worker.wsgi, address, threads=_settings.gunicorn_threads)
+    server.start()
+    worker.serve_grpc = server
+    worker.log.info("gRPC (TF Serving's API, health) on %s in worker %s", address, worker.pid)
+
+
+def worker_exit(server, worker):
+    grpc_server = getattr(worker, "serve_grpc", None)
+    if grpc_server is not None:  # the calls under way finish (up to their grace), new ones are refused
+        from serve.protocols import tfserving_grpc
+
+        grpc_server.stop(tfserving_grpc.STOP_GRACE_S).wait()
 
 
 def _write_json_error(sock, status_int, reason, mesg):
@@ -89,6 +112,8 @@ def when_ready(server):
     host, _, port = bind.rpartition(":")
     browsable = "localhost" if host in ("0.0.0.0", "::", "[::]", "") else host  # nosec B104  # a comparison, binds nothing
     server.log.info("listening on %s; open http://%s:%s/ (ready when /readyz says so)", bind, browsable, port)
+    if _settings.grpc_port:
+        server.log.info("gRPC (TF Serving's PredictionService and ModelService, grpc.health.v1) on port %d", _settings.grpc_port)
     if _settings.malloc_arena_max is None:
         server.log.warning("MALLOC_ARENA_MAX is not set: each worker's threads may fill %d malloc arenas a core and "
                            "grow; start with python -m serve, or set MALLOC_ARENA_MAX=%d", 8, MALLOC_ARENAS)

@@ -32,6 +32,7 @@ DEFAULT_TOP_K = 3
 DEFAULT_MAX_REQUEST_PIXELS = 4 * DEFAULT_MAX_PIXELS  # four images at the per-image cap
 DEFAULT_MAX_QUEUE = 1024  # images waiting for the model in one worker
 DEFAULT_PREDICT_TIMEOUT_S = 30.0
+DEFAULT_GRPC_PORT = 8500  # TF Serving's gRPC port
 BACKENDS = ("local", "tfserving-rest", "tfserving-grpc")
 RUNTIMES = SERVING_RUNTIMES
 LOG_LEVELS = ("debug", "info", "warning", "error", "critical")
@@ -202,6 +203,7 @@ class Settings:
     # gunicorn (serve/gunicorn_conf.py) and the worker processes.
     host: str = _var("HOST", _text, "0.0.0.0")  # nosec B104  # the container's default; HOST narrows it
     port: int = _var("PORT", _integer(1, 65535), 8000)
+    grpc_port: int = _var("GRPC_PORT", _integer(0, 65535), DEFAULT_GRPC_PORT)  # 0: no gRPC
     web_concurrency: int = _var("WEB_CONCURRENCY", _integer(1, 256), None)  # None: min(2, cores)
     gunicorn_threads: int = _var("GUNICORN_THREADS", _integer(1, 1024), 16)
     gunicorn_timeout: int = _var("GUNICORN_TIMEOUT", _integer(0, 86400), 120)
@@ -219,6 +221,8 @@ class Settings:
         for backend, field in (("tfserving-rest", "tfserving_rest_url"), ("tfserving-grpc", "tfserving_grpc_target")):
             if self.backend == backend and not getattr(self, field):
                 raise SettingsError(f"SERVE_BACKEND={backend} needs {_env(field)}")
+        if self.grpc_port == self.port:
+            raise SettingsError(f"GRPC_PORT={self.grpc_port}: must differ from PORT (HTTP), or be 0 for no gRPC")
 
     @classmethod
     def variables(cls):

@@ -27,7 +27,8 @@ def free_port():
 def start_server(model_dir, extra_env=None, args=()):
     """Start ``python -m serve`` on a free port; return (process, base_url) once /readyz answers 200."""
     port = free_port()
-    env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2", **(extra_env or {})}
+    # No gRPC unless a test asks for it (--grpc-port): servers of parallel tests would share port 8500.
+    env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2", "GRPC_PORT": "0", **(extra_env or {})}
     process = subprocess.Popen(
         [sys.executable, "-m", "serve", "--model-dir", str(model_dir), "--host", "127.0.0.1", "--port", str(port), *args],
         env=env,

@@ -7,7 +7,8 @@ no protocol imports a backend, a runtime, the batcher or the decoder (``tests/te
 * :mod:`~serve.protocols.web`: the upload form (``/``);
 * :mod:`~serve.protocols.api`: the JSON API (``/api/v1``);
 * :mod:`~serve.protocols.tfserving_rest`: TF Serving's REST API (``/v1/models``);
-* :mod:`~serve.protocols.v2_rest`: the Open Inference Protocol over HTTP (``/v2``).
+* :mod:`~serve.protocols.v2_rest`: the Open Inference Protocol over HTTP (``/v2``);
+* :mod:`~serve.protocols.tfserving_grpc`: TF Serving's gRPC API and gRPC health, on ``GRPC_PORT`` in each worker.
 
 A new protocol is one more module here that calls the service (docs/serving.md).
 """
