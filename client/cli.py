@@ -13,6 +13,18 @@ The client sends each file's bytes as they are; the server decodes and resizes t
 codes: 0 all classified, 1 some files failed, 2 usage errors (a missing or wrong API key too), 3 server
 unreachable or not ready. A server that needs an API key gets it from ``$CLIENT_API_KEY`` (or
 ``--api-key``, which other users of the machine can see in its process list).
+
+The server is not trusted to behave. Each request must be answered whole within ``--timeout``
+seconds (connecting, sending, and reading the whole answer, however slowly the server trickles it;
+each retry after a 429 or 503 gets its own), or the client gives up with exit 3. An answer is read
+up to 16 MiB (:data:`client.transports.common.MAX_ANSWER_BYTES`). No redirect is followed, to the
+same host or another (where the images would be sent): a 3xx is one line naming where it points, and
+exit 1; give that address as ``--url`` if it is meant. An answer that is not what its protocol says
+(not JSON, a ``null`` probability, a classification with no class, counts that do not match) is
+one line naming what is wrong, and exit 1, never a traceback. Labels, messages and every other
+text from the server are printed with their control characters escaped (``\\x1b``, ``\\u202e``), so
+a server cannot drive the terminal; ``--json`` output is JSON with every non-ASCII character
+escaped.
 """
 
 import argparse
@@ -21,6 +33,7 @@ import json
 import os
 import shutil
 import sys
+import unicodedata
 
 import contract
 from client import transports
@@ -59,9 +72,14 @@ def build_parser():
         "--url",
         default=os.environ.get(URL_ENV),
         help=f"server address (default ${URL_ENV}, else {DEFAULT_URL} for the API and v2, "
-        "localhost:8501 for TF Serving REST, localhost:8500 for TF Serving gRPC)",
+        "localhost:8501 for TF Serving REST, localhost:8500 for TF Serving gRPC); redirects are not followed, "
+        "to this host or another: the client stops and names where the server points",
     )
-    common.add_argument("--timeout", type=positive_float, default=DEFAULT_TIMEOUT_S, help="seconds to wait for each request")
+    common.add_argument(
+        "--timeout", type=positive_float, default=DEFAULT_TIMEOUT_S,
+        help="seconds each request may take in all: connecting, sending, and reading the whole answer, however "
+        "slowly the server sends it (then exit 3); each retry after a 429 or 503 gets its own (default %(default)g)",
+    )
     common.add_argument(
         "--retries", type=non_negative_int, default=transports.DEFAULT_RETRIES,
         help="times to send a request again when the server answers 429 or 503, after the wait its Retry-After "
@@ -212,13 +230,37 @@ def classify(transport, files, batch_size, top_k, progress):
         yield from zip(names, results)
 
 
+_ESCAPED_CATEGORIES = {"Cc", "Cf", "Cs", "Zl", "Zp"}
+
+
+def printable(value):
+    """``value`` as text with every control character (C0, DEL, C1: ESC among them), format character
+    (bidirectional overrides, zero-width marks), line or paragraph separator and lone surrogate written
+    as an escape (``\\x1b``, ``\\u202e``): what a server says can neither drive the terminal (move the
+    cursor, recolour, retitle) nor reorder or split the line it is printed on."""
+    text = value if isinstance(value, str) else str(value)
+    if text.isprintable():
+        return text
+    return "".join(_escape(ch) if unicodedata.category(ch) in _ESCAPED_CATEGORIES else ch for ch in text)
+
+
+def _escape(ch):
+    code = ord(ch)
+    return f"\\x{code:02x}" if code < 0x100 else f"\\u{code:04x}" if code < 0x10000 else f"\\U{code:08x}"
+
+
+def say(message):
+    """One line on stderr, ``client: message``, escaped."""
+    print(f"client: {printable(message)}", file=sys.stderr)
+
+
 def _format_top_k(entries):
     return ", ".join(f"{_label(e)} {e['probability']:.3f}" for e in entries)
 
 
 def _label(entry):
     label = entry.get("label")
-    return label if label is not None else f"#{entry.get('class_id')}"
+    return printable(label) if label is not None else f"#{entry.get('class_id')}"
 
 
 def _verdict(result):
@@ -240,7 +282,7 @@ def run_predict(args, transport):
         if "error" in result:
             failures += 1
             status = f" (HTTP {result['status']})" if isinstance(result.get("status"), int) else (f" ({result['status']})" if result.get("status") else "")
-            print(f"client: {name}: {result['error']}{status}", file=sys.stderr)
+            say(f"{name}: {result['error']}{status}")
             if args.json:
                 print(json.dumps({"file": name, "error": result["error"], "status": result.get("status")}), flush=True)
             continue
@@ -248,7 +290,7 @@ def run_predict(args, transport):
         if args.json:
             print(json.dumps({"file": name, **result}), flush=True)
         else:
-            rows.append((name, _label(result), f"{result['probability']:.3f}", _verdict(result),
+            rows.append((printable(name), _label(result), f"{result['probability']:.3f}", _verdict(result),
                          _format_top_k(result.get("top_k", []))))
     if not args.json and rows:
         header = ("FILE", "LABEL", "PROBABILITY", "IN-DISTRIBUTION", f"TOP-{args.top_k}")
@@ -256,11 +298,10 @@ def run_predict(args, transport):
         for row in [header, *rows]:
             print("  ".join(cell.ljust(w) for cell, w in zip(row, widths)) + "  " + row[4])
     if failures:
-        print(f"client: {failures} of {len(files)} files failed", file=sys.stderr)
+        say(f"{failures} of {len(files)} files failed")
         return EXIT_FAILED
     if foreign and args.fail_on_ood:
-        print(f"client: {foreign} of {len(files)} images look like none of the classes (in_distribution: false)",
-              file=sys.stderr)
+        say(f"{foreign} of {len(files)} images look like none of the classes (in_distribution: false)")
         return EXIT_OUT_OF_DISTRIBUTION
     return EXIT_OK
 
@@ -276,28 +317,35 @@ def run_info(args, transport):
     if args.json:
         print(json.dumps(info, indent=2, sort_keys=True))
         return EXIT_OK
-    print(f"model:        {info.get('name')}")
-    print(f"version:      {info.get('version')}")
+    print(f"model:        {_text(info.get('name'))}")
+    print(f"version:      {_text(info.get('version'))}")
     if info.get("architecture"):
-        print(f"architecture: {info['architecture']}")
+        print(f"architecture: {_text(info['architecture'])}")
     classes = info.get("class_names")
-    print(f"classes:      {', '.join(classes) if classes else '(not reported by this server)'}")
+    if isinstance(classes, list) and classes:
+        classes = ", ".join(map(_text, classes))
+    print(f"classes:      {_text(classes) if classes else '(not reported by this server)'}")
     print("signatures:")
-    for name, signature in sorted((info.get("signatures") or {}).items()):
+    signatures = info.get("signatures") or {}
+    for name, signature in sorted(signatures.items()) if isinstance(signatures, dict) else [("?", signatures)]:
         if isinstance(signature, dict) and ("inputs" in signature or "outputs" in signature):
             ins = ", ".join(_names(signature.get("inputs")))
             outs = ", ".join(_names(signature.get("outputs")))
-            print(f"  {name}: ({ins}) -> ({outs})")
+            print(f"  {_text(name)}: ({ins}) -> ({outs})")
         else:
-            print(f"  {name}: {json.dumps(signature, sort_keys=True)}")
+            print(f"  {_text(name)}: {json.dumps(signature, sort_keys=True)}")
     if info.get("backend"):
-        backend = info["backend"]
-        print(f"backend:      {backend if isinstance(backend, str) else json.dumps(backend, sort_keys=True)}")
+        print(f"backend:      {_text(info['backend'])}")
     return EXIT_OK
 
 
+def _text(value):
+    """A value from the server as one escaped line: strings as they are, lists and objects as JSON."""
+    return printable(json.dumps(value, sort_keys=True) if isinstance(value, (dict, list)) else value)
+
+
 def _names(value):
-    return sorted(value) if isinstance(value, (dict, list)) else [str(value)]
+    return sorted(map(_text, value)) if isinstance(value, (dict, list)) else [_text(value)]
 
 
 COMMANDS = {"predict": run_predict, "health": run_health, "info": run_info}
@@ -316,22 +364,22 @@ def main(argv=None):
         )
         return COMMANDS[args.command](args, transport)
     except UsageError as error:
-        print(f"client: {error}", file=sys.stderr)
+        say(error)
         return EXIT_USAGE
     except transports.Unreachable as error:
-        print(f"client: {error}", file=sys.stderr)
+        say(error)
         return EXIT_UNREACHABLE
     except transports.RequestFailed as error:
         if error.status == 401:
-            print(f"client: {error} (HTTP 401): give the key with ${API_KEY_ENV} or --api-key", file=sys.stderr)
+            say(f"{error} (HTTP 401): give the key with ${API_KEY_ENV} or --api-key")
             return EXIT_USAGE
         if error.status == 429:
-            print(f"client: {error} (HTTP 429, still refused after {args.retries} retries)", file=sys.stderr)
+            say(f"{error} (HTTP 429, still refused after {args.retries} retries)")
             return EXIT_FAILED
-        print(f"client: {error}", file=sys.stderr)
+        say(error)
         return EXIT_FAILED
     except OSError as error:
-        print(f"client: {error.filename or ''}: {error.strerror or error}", file=sys.stderr)
+        say(f"{error.filename or ''}: {error.strerror or error}")
         return EXIT_USAGE
     except KeyboardInterrupt:
         return 130

@@ -1,6 +1,7 @@
 """This project's own JSON API: ``/api/v1/predict``, ``/readyz`` and ``/api/v1/model``."""
 
-from client.transports.common import HttpTransport, RequestFailed, Unreachable, json_or_none, reason
+from client.transports.common import (HttpTransport, Malformed, MalformedAnswer, RequestFailed, Unreachable, checked,
+                                      json_or_none, kind, parsing, reason, server_text, text_or_none)
 
 
 class ApiTransport(HttpTransport):
@@ -14,13 +15,21 @@ class ApiTransport(HttpTransport):
 
     def predict(self, batch, top_k):
         files = [("file", (name, data, "application/octet-stream")) for name, data in batch]
+        source = f"{self.url}/api/v1/predict"
         response, body = self._call("POST", "/api/v1/predict", files=files, data={"top_k": str(top_k)})
-        predictions = (body or {}).get("predictions") if isinstance(body, dict) else None
+        predictions = body.get("predictions") if isinstance(body, dict) else None
         if isinstance(predictions, list) and len(predictions) == len(batch):
-            return [_api_result(p, response.status_code) for p in predictions]
+            with parsing(source):
+                return [_api_result(p, response.status_code, f"predictions[{i}]") for i, p in enumerate(predictions)]
         if response.status_code != 200:
             raise RequestFailed(reason(body, response), response.status_code)
-        raise RequestFailed(f"unexpected answer from {self.url}/api/v1/predict", response.status_code)
+        if body is None:
+            problem = "not JSON"
+        elif isinstance(predictions, list):
+            problem = f"{len(predictions)} predictions for {len(batch)} images"
+        else:
+            problem = "no list of predictions" if isinstance(body, dict) else f"the answer is {kind(body)}, not an object"
+        raise MalformedAnswer(f"malformed answer from {source}: {problem}")
 
     def health(self):
         response, body = self._call("GET", "/readyz")
@@ -30,19 +39,26 @@ class ApiTransport(HttpTransport):
 
     def info(self):
         response, body = self._call("GET", "/api/v1/model")
-        if response.status_code != 200 or not isinstance(body, dict):
+        if response.status_code != 200:
             raise RequestFailed(reason(body, response), response.status_code)
+        with parsing(f"{self.url}/api/v1/model"):
+            if not isinstance(body, dict):
+                raise Malformed("not JSON" if body is None else f"the answer is {kind(body)}, not an object")
+            text_or_none(body.get("name"), "name")
+            names = body.get("class_names")
+            if names is not None and not (isinstance(names, list) and all(isinstance(n, str) for n in names)):
+                raise Malformed(f"class_names is {kind(names)}, not a list of strings")
+            if body.get("signatures") is not None and not isinstance(body["signatures"], dict):
+                raise Malformed(f"signatures is {kind(body['signatures'])}, not an object")
         return body
 
 
-def _api_result(prediction, http_status):
+def _api_result(prediction, http_status, path):
+    if not isinstance(prediction, dict):
+        raise Malformed(f"{path} is {kind(prediction)}, not an object")
     if "error" in prediction:
-        return {"error": prediction["error"], "status": prediction.get("status", http_status)}
-    return {
-        "label": prediction.get("label"),
-        "class_id": prediction.get("class_id"),
-        "probability": prediction.get("probability"),
-        "top_k": prediction.get("top_k", []),
-        "ood_score": prediction.get("ood_score"),
-        "in_distribution": prediction.get("in_distribution"),
-    }
+        status = prediction.get("status")
+        if isinstance(status, bool) or not isinstance(status, int):
+            status = http_status
+        return {"error": server_text(prediction["error"]), "status": status}
+    return checked(prediction, path)

@@ -1,5 +1,25 @@
 """What the transports share: the errors, the retry defaults, the HTTP session, and the result dict
-every transport answers with (:func:`tfs_result` for the two that talk to TF Serving)."""
+every transport answers with (:func:`tfs_result` for the two that talk to TF Serving).
+
+A server is not trusted to be well behaved. Over HTTP every exchange has a total deadline (connect,
+send, and the whole answer: :mod:`.deadline`), an answer is read up to :data:`MAX_ANSWER_BYTES` and
+no further, no redirect is followed (to another host the images would be sent there), and an answer
+that is not what its protocol says (not JSON, NaN, a field of the wrong type, a count that does not
+match the request) is a :class:`MalformedAnswer` that names what is wrong, never an exception from
+deep inside. What the server says is passed on as it said it (cut to :data:`MAX_SERVER_TEXT`
+characters); the CLI escapes control characters before anything reaches the terminal.
+"""
+
+import contextlib
+import datetime
+import email.utils
+import functools
+import itertools
+import json
+import math
+import re
+import time
+from urllib.parse import urljoin, urlsplit
 
 #: TF Serving reports the top class's name; the others are known only by id.
 UNKNOWN_LABEL = None
@@ -8,10 +28,18 @@ RETRY_STATUSES = (429, 503)
 DEFAULT_RETRIES = 3
 #: The longest Retry-After a client waits out; a server asking for longer is waited on for this long.
 DEFAULT_MAX_WAIT_S = 30.0
+#: Waits between tries when the server gives no Retry-After: 0.5, 1, 2, 4 s... (at most the longest wait).
+BACKOFF_S = 0.5
+#: The most the client reads of one answer, over HTTP and gRPC. A legitimate answer is far smaller:
+#: about 1 KiB per image on this server's API (256 images at most by default), less over v2 and TF
+#: Serving, a few KiB for the model's metadata.
+MAX_ANSWER_BYTES = 16 * 2**20
+#: A server's error message, reason phrase or redirect target is cut to this many characters.
+MAX_SERVER_TEXT = 500
 
 
 class Unreachable(Exception):
-    """No server answers at the address, or it answers that it is not ready."""
+    """No server answers at the address, it does not answer in time, or it answers that it is not ready."""
 
 
 class RequestFailed(Exception):
@@ -20,6 +48,14 @@ class RequestFailed(Exception):
     def __init__(self, message, status=None):
         super().__init__(message)
         self.status = status
+
+
+class MalformedAnswer(RequestFailed):
+    """The server answered, but not as its protocol says (or more than :data:`MAX_ANSWER_BYTES`); the message says what."""
+
+
+class Malformed(ValueError):
+    """One part of an answer that is not what the protocol says; the message names it (see :func:`parsing`)."""
 
 
 def authorize(transport, api_key):
@@ -40,73 +76,330 @@ def top_k_from_probabilities(probabilities, k, names):
     return [{"label": names.get(i, UNKNOWN_LABEL), "class_id": i, "probability": p} for i, p in zip(order.tolist(), best.tolist())]
 
 
+class Answer:
+    """One HTTP answer, read whole: ``status_code``, ``reason``, ``headers`` and ``content`` (bytes), as requests names them."""
+
+    def __init__(self, status_code, reason, headers, content):
+        self.status_code, self.reason, self.headers, self.content = status_code, reason, headers, content
+
+
 class HttpTransport:
     """What the HTTP transports share: one requests session, and unreachable or not-ready as :class:`Unreachable`.
 
+    Each exchange (connecting, sending, reading the whole answer) must end within ``timeout``
+    seconds, however slowly the server trickles (:mod:`.deadline`); past it the client gives up with
+    :class:`Unreachable`. At most :data:`MAX_ANSWER_BYTES` of an answer are read (more is a
+    :class:`MalformedAnswer`), and only in the identity coding. No redirect is followed, to this host
+    or another: a 3xx is a :class:`RequestFailed` that names where it points.
+
     A 429 or 503 is sent again, the same request whole, after the server's ``Retry-After`` (at
-    most ``max_wait_s`` a time; without the header, 0.5, 1, 2 s...), up to ``retries`` times
-    (urllib3's ``Retry``); the last refusal is then the answer.
+    most ``max_wait_s`` a time; without the header, 0.5, 1, 2 s...), up to ``retries`` times; the
+    last refusal is then the answer. Each try has its own deadline; the waits count in none.
     """
 
     def __init__(self, url, timeout, retries=DEFAULT_RETRIES, max_wait_s=DEFAULT_MAX_WAIT_S):
         import requests
-        from requests.adapters import HTTPAdapter
-        from urllib3.util import Retry
+
+        from client.transports.deadline import WatchedAdapter
 
         self._requests = requests
         self.url = url.rstrip("/")
         self.timeout = timeout
-        self.session = requests.Session()
-        retry = Retry(
-            total=retries, connect=0, read=0, redirect=0, other=0, status=retries,
-            status_forcelist=RETRY_STATUSES, allowed_methods=None,  # POST too: a refused request was not run
-            respect_retry_after_header=True, retry_after_max=int(max_wait_s), backoff_factor=0.5,
-            backoff_max=max_wait_s, raise_on_status=False,
-        )
+        self.retries = retries
+        self.max_wait_s = max_wait_s
+        self.session = _session_class()()
+        # A compressed answer could hold far more than it weighs: ask for none (one that comes anyway is refused).
+        self.session.headers["Accept-Encoding"] = "identity"
         for prefix in ("http://", "https://"):
-            self.session.mount(prefix, HTTPAdapter(max_retries=retry))
+            self.session.mount(prefix, WatchedAdapter())
 
     def _send(self, method, url, **kwargs):
-        try:
-            return self.session.request(method, url, timeout=self.timeout, **kwargs)
-        except self._requests.RequestException as error:
-            raise Unreachable(f"cannot reach {self.url}: {type(error).__name__}") from error
+        """The answer to ``method url``, read whole, after any retries a 429 or 503 asks for."""
+        for attempt in itertools.count():
+            answer = self._exchange(method, url, **kwargs)
+            if answer.status_code not in RETRY_STATUSES or attempt >= self.retries:
+                return answer
+            wait = retry_after(answer.headers.get("Retry-After"))
+            time.sleep(min(BACKOFF_S * 2**attempt if wait is None else wait, self.max_wait_s))
+
+    def _exchange(self, method, url, **kwargs):
+        """One try: the answer within the deadline and the size cap, or the reason why not."""
+        import http.client
+
+        import urllib3
+
+        from client.transports.deadline import Exchange
+
+        broken = (self._requests.RequestException, urllib3.exceptions.HTTPError, http.client.HTTPException, OSError)
+        per_operation = self.timeout if math.isfinite(self.timeout) else None
+        response = answer = None
+        with Exchange(self.timeout) as exchange:
+            try:
+                response = self.session.request(method, url, timeout=per_operation, stream=True, allow_redirects=False, **kwargs)
+                redirect = 300 <= response.status_code < 400 and "Location" in response.headers
+                content = b"" if redirect else self._read(response, url)
+                answer = Answer(response.status_code, response.reason, response.headers, content)
+            except broken as error:
+                if not exchange.expired:
+                    raise Unreachable(f"cannot reach {self.url}: {type(error).__name__}") from error
+            except ValueError:
+                if not exchange.expired:  # a socket shut under a TLS read can say so with a ValueError
+                    raise
+            finally:
+                if response is not None:
+                    response.close()
+        if exchange.expired:
+            raise Unreachable(f"no whole answer from {url} within {self.timeout:g} s (--timeout); gave up")
+        if 300 <= answer.status_code < 400 and "Location" in answer.headers:
+            raise _redirect_refused(url, answer)
+        return answer
+
+    def _read(self, response, url):
+        """The body of ``response``, at most :data:`MAX_ANSWER_BYTES`, in the identity coding."""
+        coding = response.headers.get("Content-Encoding", "identity").strip().lower()
+        if coding not in ("", "identity"):
+            raise MalformedAnswer(f"{url} answered in the {server_text(coding)!r} coding; the client asks for none "
+                                  "(Accept-Encoding: identity) and reads none")
+        too_large = MalformedAnswer(f"the answer from {url} is larger than {MAX_ANSWER_BYTES // 2**20} MiB, the most "
+                                    "the client reads (MAX_ANSWER_BYTES)")
+        declared = response.headers.get("Content-Length", "").strip()
+        if declared.isdigit() and int(declared) > MAX_ANSWER_BYTES:
+            raise too_large
+        chunks, size = [], 0
+        while chunk := response.raw.read(64 * 1024, decode_content=False):
+            size += len(chunk)
+            if size > MAX_ANSWER_BYTES:
+                raise too_large
+            chunks.append(chunk)
+        response.raw.release_conn()  # read to its end: the connection may serve the next request
+        return b"".join(chunks)
 
     def _raise_if_not_ready(self, response, body):
         if response.status_code == 503:
             raise Unreachable(f"{self.url} is not ready: {reason(body, response)}")
 
 
+@functools.cache
+def _session_class():
+    """requests' Session, but it never looks where a redirect points (requests is imported when first needed)."""
+    import requests
+
+    class Session(requests.Session):
+        def get_redirect_target(self, response):
+            # None: redirects are the transport's to refuse (:func:`_redirect_refused`). requests would
+            # otherwise read a redirect's whole body, whatever its size, even with allow_redirects=False.
+            return None
+
+    return Session
+
+
+def _redirect_refused(url, answer):
+    location = server_text(answer.headers["Location"])
+    try:
+        target = urljoin(url, location)
+        here, there = urlsplit(url), urlsplit(target)
+        same_host = (here.hostname, here.port or _PORTS.get(here.scheme)) == (there.hostname, there.port or _PORTS.get(there.scheme))
+    except ValueError:  # not a URL at all (a bad port, a broken IPv6 literal)
+        target, same_host = location, False
+    if same_host:
+        return RequestFailed(f"{url} redirects to {target} (HTTP {answer.status_code}); the client follows no "
+                             "redirects: give --url the address the server names", answer.status_code)
+    return RequestFailed(f"{url} redirects to {target}, another host (HTTP {answer.status_code}); the client follows "
+                         "no redirects, and to another host it would send the images there: give --url that host "
+                         "if you mean it", answer.status_code)
+
+
+_PORTS = {"http": 80, "https": 443}
+
+
+def retry_after(value):
+    """The seconds a ``Retry-After`` header asks for (a number of seconds or an HTTP date), or None for none or garbage."""
+    if value is None:
+        return None
+    value = value.strip()
+    if re.fullmatch(r"\d{1,9}", value):
+        return int(value)
+    try:
+        when = email.utils.parsedate_to_datetime(value)
+        if when.tzinfo is None:
+            when = when.replace(tzinfo=datetime.timezone.utc)
+        return max(0.0, (when - datetime.datetime.now(datetime.timezone.utc)).total_seconds())
+    except (TypeError, ValueError, IndexError, OverflowError):
+        return None
+
+
+def parse_json(content):
+    """The standard JSON in ``content``; :class:`ValueError` for anything else (``NaN``, ``Infinity``, a
+    number too large for a float, nesting too deep to parse, bytes that are not text)."""
+
+    def refuse(constant):
+        raise ValueError(f"{constant} is not JSON")
+
+    def finite(text):
+        value = float(text)
+        if not math.isfinite(value):
+            raise ValueError(f"{text[:40]} is too large a number")
+        return value
+
+    try:
+        return json.loads(content, parse_constant=refuse, parse_float=finite)
+    except RecursionError:
+        raise ValueError("nested too deeply") from None
+
+
 def json_or_none(response):
     """The response's JSON body, or None when it has none."""
     try:
-        return response.json()
+        return parse_json(response.content)
     except ValueError:
         return None
+
+
+def server_text(value):
+    """Something a server said, as text of at most :data:`MAX_SERVER_TEXT` characters (escaped only when printed)."""
+    text = value if isinstance(value, str) else json.dumps(value)
+    return text if len(text) <= MAX_SERVER_TEXT else text[:MAX_SERVER_TEXT] + "..."
 
 
 def reason(body, response):
     """Why the server refused: its ``error``, else the HTTP status line."""
     if isinstance(body, dict) and body.get("error"):
-        return str(body["error"])
-    return f"HTTP {response.status_code} {response.reason or ''}".strip()
+        return server_text(body["error"])
+    return f"HTTP {response.status_code} {server_text(response.reason or '')}".strip()
+
+
+@contextlib.contextmanager
+def parsing(source):
+    """Turn whatever goes wrong while an answer from ``source`` is read apart into one :class:`MalformedAnswer`."""
+    try:
+        yield
+    except (KeyError, IndexError, TypeError, ValueError, AttributeError, ArithmeticError, RecursionError) as error:
+        raise MalformedAnswer(f"malformed answer from {source}: {_describe(error)}") from None
+
+
+def _describe(error):
+    if isinstance(error, Malformed):
+        text = str(error)
+    elif isinstance(error, KeyError):
+        text = f"no {server_text(str(error.args[0]) if error.args else '')!r}"
+    else:
+        text = f"{type(error).__name__}: {error}"
+    return server_text(text)
+
+
+def kind(value):
+    """What a JSON value is, in words, for a message."""
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "a boolean"
+    if isinstance(value, (int, float)):
+        try:
+            return f"the number {value!r}"[:60]
+        except ValueError:  # an int of more digits than Python prints
+            return "a number too large"
+    if isinstance(value, str):
+        return f"the string {server_text(value)[:40]!r}"
+    return {list: "a list", dict: "an object"}.get(type(value), type(value).__name__)
+
+
+def field(body, key, expected, path="the answer"):
+    """``body[key]``, checked to be an ``expected`` (``dict`` or ``list``); :class:`Malformed` naming it otherwise."""
+    if not isinstance(body, dict):
+        raise Malformed(f"{path} is {kind(body)}, not an object")
+    if key not in body:
+        raise Malformed(f"{path} has no {key!r}")
+    value = body[key]
+    if not isinstance(value, expected):
+        raise Malformed(f"{path}.{key} is {kind(value)}, not {'an object' if expected is dict else 'a list'}")
+    return value
+
+
+def number(value, path, optional=False):
+    """``value`` as a finite float; :class:`Malformed` naming ``path`` otherwise (None passes when ``optional``)."""
+    if value is None and optional:
+        return None
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        try:
+            if math.isfinite(value := float(value)):
+                return value
+        except OverflowError:  # an int too large for a float
+            pass
+    raise Malformed(f"{path} is {kind(value)}, not a number")
+
+
+def whole(value, path, optional=False):
+    """``value`` as an int; :class:`Malformed` naming ``path`` otherwise (None passes when ``optional``)."""
+    if value is None and optional:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise Malformed(f"{path} is {kind(value)}, not a whole number")
+    return value
+
+
+def text_or_none(value, path):
+    if value is not None and not isinstance(value, str):
+        raise Malformed(f"{path} is {kind(value)}, not a string")
+    return value
+
+
+def flag_or_none(value, path):
+    """True, False or None; 1 and 0 are read as true and false."""
+    if value is None or isinstance(value, bool):
+        return value
+    if isinstance(value, int) and value in (0, 1):
+        return bool(value)
+    raise Malformed(f"{path} is {kind(value)}, not true or false")
+
+
+def checked(result, path):
+    """One image's result (label, class_id, probability, top_k, ood_score, in_distribution), each of the
+    type the CLI prints; :class:`Malformed` naming the first that is not."""
+    if not isinstance(result, dict):
+        raise Malformed(f"{path} is {kind(result)}, not an object")
+    top_k = result.get("top_k")
+    if top_k is not None and not isinstance(top_k, list):
+        raise Malformed(f"{path}.top_k is {kind(top_k)}, not a list")
+    ranked = []
+    for i, entry in enumerate(top_k or []):
+        where = f"{path}.top_k[{i}]"
+        if not isinstance(entry, dict):
+            raise Malformed(f"{where} is {kind(entry)}, not an object")
+        ranked.append({"label": text_or_none(entry.get("label"), f"{where}.label"),
+                       "class_id": whole(entry.get("class_id"), f"{where}.class_id", optional=True),
+                       "probability": number(entry.get("probability"), f"{where}.probability")})
+    return {
+        "label": text_or_none(result.get("label"), f"{path}.label"),
+        "class_id": whole(result.get("class_id"), f"{path}.class_id", optional=True),
+        "probability": number(result.get("probability"), f"{path}.probability"),
+        "top_k": ranked,
+        "ood_score": number(result.get("ood_score"), f"{path}.ood_score", optional=True),
+        "in_distribution": flag_or_none(result.get("in_distribution"), f"{path}.in_distribution"),
+    }
 
 
 def with_bad(batch, bad, predict_good):
     """One result per image of ``batch``: ``predict_good()`` for the decoded ones, an error for each of ``bad``."""
     good = predict_good() if len(bad) < len(batch) else []
+    if len(good) != len(batch) - len(bad):
+        raise Malformed(f"{len(good)} results for {len(batch) - len(bad)} images")
     answers = iter(good)
     return [{"error": bad[i], "status": None} if i in bad else next(answers) for i in range(len(batch))]
 
 
-def tfs_result(probabilities, class_id, top_k, names, ood_score=None, in_distribution=None):
+def tfs_result(probabilities, class_id, top_k, names, ood_score=None, in_distribution=None, path="the answer"):
     """One image's result from TF Serving's outputs for it; ``names`` maps the class ids seen so far to names."""
-    probabilities = [float(p) for p in probabilities]
-    return {
+    if not isinstance(probabilities, list) or not probabilities:
+        raise Malformed(f"{path}.probabilities is {kind(probabilities)}, not a list of numbers")
+    probabilities = [number(p, f"{path}.probabilities[{i}]") for i, p in enumerate(probabilities)]
+    class_id = whole(class_id, f"{path}.class_ids")
+    if not 0 <= class_id < len(probabilities):
+        raise Malformed(f"{path}.class_ids is {class_id}, not one of the {len(probabilities)} classes")
+    return checked({
         "label": names.get(class_id),
         "class_id": class_id,
         "probability": probabilities[class_id],
         "top_k": top_k_from_probabilities(probabilities, top_k, names),
-        "ood_score": None if ood_score is None else float(ood_score),
-        "in_distribution": None if in_distribution is None else bool(in_distribution),
-    }
+        "ood_score": number(ood_score, f"{path}.ood_score", optional=True),
+        "in_distribution": flag_or_none(in_distribution, f"{path}.in_distribution"),
+    }, path)

@@ -1,11 +1,19 @@
 """TF Serving's gRPC API (``PredictionService``, ``ModelService``), through the vendored protos in :mod:`tfs_protos`."""
 
+import math
+
 import contract
-from client.transports.common import RequestFailed, Unreachable, tfs_result, with_bad
+from client.transports.common import MAX_ANSWER_BYTES, Malformed, RequestFailed, Unreachable, parsing, tfs_result, with_bad
+
+#: The most classes an answer may rank per image (this project's models have 10).
+MAX_CLASSES = 100_000
 
 
 class TFServingGrpcTransport:
-    """TF Serving's gRPC ``PredictionService``/``ModelService``, through the vendored protos."""
+    """TF Serving's gRPC ``PredictionService``/``ModelService``, through the vendored protos.
+
+    Every call has gRPC's own deadline, ``timeout`` seconds for the whole call however slowly the
+    server answers; an answer over :data:`MAX_ANSWER_BYTES` is refused by gRPC itself."""
 
     def __init__(self, target, model, timeout):
         import grpc
@@ -16,25 +24,30 @@ class TFServingGrpcTransport:
         self.target = target
         self.model = model
         self.timeout = timeout
-        self.channel = grpc.insecure_channel(target)
+        self.channel = grpc.insecure_channel(target, options=[("grpc.max_receive_message_length", MAX_ANSWER_BYTES)])
         self.predictions = prediction_service_pb2_grpc.PredictionServiceStub(self.channel)
         self.models = model_service_pb2_grpc.ModelServiceStub(self.channel)
         self.names = {}
 
     def _call(self, method, request):
         try:
-            return method(request, timeout=self.timeout)
+            return method(request, timeout=self.timeout if math.isfinite(self.timeout) else None)
         except self._grpc.RpcError as error:
             code, details = error.code(), error.details()
-            if code in (self._grpc.StatusCode.UNAVAILABLE, self._grpc.StatusCode.DEADLINE_EXCEEDED):
+            if code == self._grpc.StatusCode.DEADLINE_EXCEEDED:
+                raise Unreachable(f"no whole answer from {self.target} within {self.timeout:g} s (--timeout); gave up") from error
+            if code == self._grpc.StatusCode.UNAVAILABLE:
                 raise Unreachable(f"cannot reach {self.target}: {code.name}") from error
+            if code == self._grpc.StatusCode.RESOURCE_EXHAUSTED:  # an answer over the cap, or a request over the server's
+                details = f"{details or code.name} (the client reads answers of at most {MAX_ANSWER_BYTES} bytes)"
             raise RequestFailed(details or code.name, code.name) from error
 
     def predict(self, batch, top_k):
         from client import images
 
         pixels, bad = images.decode_batch(batch)
-        return with_bad(batch, bad, lambda: self._predict_pixels(pixels, top_k))
+        with parsing(self.target):
+            return with_bad(batch, bad, lambda: self._predict_pixels(pixels, top_k))
 
     def _predict_pixels(self, pixels, top_k):
         """``serving_default`` on uint8 ``pixels``, as TF Serving's clients send a uint8 tensor."""
@@ -46,14 +59,34 @@ class TFServingGrpcTransport:
         request.model_spec.signature_name = contract.SIGNATURE_PIXELS
         request.inputs[contract.INPUT_PIXELS].CopyFrom(tensors.to_proto(pixels))
         outputs = self._call(self.predictions.Predict, request).outputs
-        probabilities = tensors.to_array(outputs[contract.OUTPUT_PROBABILITIES]).reshape(len(pixels), -1).tolist()
-        class_ids = tensors.to_array(outputs[contract.OUTPUT_CLASS_IDS]).reshape(-1).tolist()
-        class_names = [n.decode("utf-8") for n in tensors.to_array(outputs[contract.OUTPUT_CLASS_NAMES]).reshape(-1).tolist()]
+        images = len(pixels)
+
+        def output(key, required=True):
+            if key not in outputs:
+                if required:
+                    raise Malformed(f"no output {key!r}")
+                return [None] * images
+            # The shape a tensor declares is checked before it is read: one value and a shape of 2**40 would be filled out.
+            count = math.prod(d.size for d in outputs[key].tensor_shape.dim)
+            if key == contract.OUTPUT_PROBABILITIES:
+                if not 0 < count <= images * MAX_CLASSES or count % images:
+                    raise Malformed(f"{count} probabilities for {images} images")
+            elif count != images:
+                raise Malformed(f"{count} values of {key!r} for {images} images")
+            return tensors.to_array(outputs[key])
+
+        probabilities = output(contract.OUTPUT_PROBABILITIES).reshape(images, -1).tolist()
+        class_ids = output(contract.OUTPUT_CLASS_IDS).reshape(-1).tolist()
+        class_names = [n.decode("utf-8") for n in output(contract.OUTPUT_CLASS_NAMES).reshape(-1).tolist()]
         self.names.update(zip(class_ids, class_names))
-        scores, inside = ([tensors.to_array(outputs[key]).reshape(-1).tolist() if key in outputs else [None] * len(pixels)
-                           for key in (contract.OUTPUT_OOD_SCORE, contract.OUTPUT_IN_DISTRIBUTION)])
-        return [tfs_result(probabilities[i], class_ids[i], top_k, self.names, scores[i], inside[i])
-                for i in range(len(pixels))]
+
+        def optional(key):
+            values = output(key, required=False)
+            return values if isinstance(values, list) else values.reshape(-1).tolist()
+
+        scores, inside = optional(contract.OUTPUT_OOD_SCORE), optional(contract.OUTPUT_IN_DISTRIBUTION)
+        return [tfs_result(probabilities[i], class_ids[i], top_k, self.names, scores[i], inside[i], f"image {i}")
+                for i in range(images)]
 
     def health(self):
         from tfs_protos.tensorflow_serving.apis import get_model_status_pb2

@@ -1,7 +1,10 @@
 """TF Serving's REST API: ``/v1/models/NAME:predict``, its status and its ``/metadata``."""
 
+import json
+
 import contract
-from client.transports.common import HttpTransport, RequestFailed, Unreachable, json_or_none, reason, tfs_result, with_bad
+from client.transports.common import (MAX_SERVER_TEXT, HttpTransport, Malformed, RequestFailed, Unreachable, field, kind,
+                                      json_or_none, parsing, reason, text_or_none, tfs_result, whole, with_bad)
 
 
 class TFServingRestTransport(HttpTransport):
@@ -12,8 +15,11 @@ class TFServingRestTransport(HttpTransport):
         self.model = model
         self.names = {}  # class id -> name, learned from the answers (TF Serving names only the top class)
 
+    def _source(self, path=""):
+        return f"{self.url}/v1/models/{self.model}{path}"
+
     def _call(self, method, path, **kwargs):
-        response = self._send(method, f"{self.url}/v1/models/{self.model}{path}", **kwargs)
+        response = self._send(method, self._source(path), **kwargs)
         body = json_or_none(response)
         self._raise_if_not_ready(response, body)
         if response.status_code != 200:
@@ -27,38 +33,55 @@ class TFServingRestTransport(HttpTransport):
 
         def predict_good():
             body = {"signature_name": contract.SIGNATURE_PIXELS, "instances": pixels.tolist()}
-            predictions = self._call("POST", ":predict", json=body)["predictions"]
+            predictions = field(self._call("POST", ":predict", json=body), "predictions", list)
+            if len(predictions) != len(pixels):
+                raise Malformed(f"{len(predictions)} predictions for {len(pixels)} images")
             results = []
-            for row in predictions:
-                class_id = int(row[contract.OUTPUT_CLASS_IDS])
-                self.names[class_id] = row[contract.OUTPUT_CLASS_NAMES]
-                results.append(tfs_result(row[contract.OUTPUT_PROBABILITIES], class_id, top_k, self.names,
-                                          row.get(contract.OUTPUT_OOD_SCORE), row.get(contract.OUTPUT_IN_DISTRIBUTION)))
+            for i, row in enumerate(predictions):
+                path = f"predictions[{i}]"
+                if not isinstance(row, dict):
+                    raise Malformed(f"{path} is not an object")
+                class_id = whole(row.get(contract.OUTPUT_CLASS_IDS), f"{path}.{contract.OUTPUT_CLASS_IDS}")
+                name = text_or_none(row.get(contract.OUTPUT_CLASS_NAMES), f"{path}.{contract.OUTPUT_CLASS_NAMES}")
+                if name is not None:
+                    self.names[class_id] = name
+                results.append(tfs_result(row.get(contract.OUTPUT_PROBABILITIES), class_id, top_k, self.names,
+                                          row.get(contract.OUTPUT_OOD_SCORE), row.get(contract.OUTPUT_IN_DISTRIBUTION), path))
             return results
 
-        return with_bad(batch, bad, predict_good)
+        with parsing(self._source(":predict")):
+            return with_bad(batch, bad, predict_good)
 
     def health(self):
         body = self._call("GET", "")
-        states = body.get("model_version_status", [])
-        if not any(s.get("state") == "AVAILABLE" for s in states):
-            raise Unreachable(f"model {self.model} at {self.url} is not available: {states}")
-        return {"status": "ready", "model": self.model, "versions": [int(s["version"]) for s in states if s.get("state") == "AVAILABLE"]}
+        with parsing(self._source()):
+            if not isinstance(body, dict):
+                raise Malformed(f"the answer is {kind(body)}, not an object")
+            states = body.get("model_version_status", [])
+            if not isinstance(states, list):
+                raise Malformed(f"model_version_status is {kind(states)}, not a list")
+            available = [int(s["version"]) for s in states if isinstance(s, dict) and s.get("state") == "AVAILABLE"]
+        if not available:
+            raise Unreachable(f"model {self.model} at {self.url} is not available: {json.dumps(states)[:MAX_SERVER_TEXT]}")
+        return {"status": "ready", "model": self.model, "versions": available}
 
     def info(self):
         body = self._call("GET", "/metadata")
-        signatures = body["metadata"]["signature_def"]["signature_def"]
-        return {
-            "name": body["model_spec"]["name"],
-            "version": int(body["model_spec"]["version"]),
-            "class_names": None,
-            "signatures": {name: _signature_summary(sig) for name, sig in signatures.items() if not name.startswith("__")},
-            "backend": f"tfserving-rest {self.url}",
-        }
+        with parsing(self._source("/metadata")):
+            spec = field(body, "model_spec", dict)
+            metadata = field(field(body, "metadata", dict), "signature_def", dict, "metadata")
+            signatures = field(metadata, "signature_def", dict, "metadata.signature_def")
+            return {
+                "name": text_or_none(spec.get("name"), "model_spec.name"),
+                "version": int(spec.get("version")),
+                "class_names": None,
+                "signatures": {name: _signature_summary(sig, f"signature_def[{name!r}]")
+                               for name, sig in signatures.items() if not name.startswith("__")},
+                "backend": f"tfserving-rest {self.url}",
+            }
 
 
-def _signature_summary(signature):
-    return {
-        "inputs": sorted(signature.get("inputs", {})),
-        "outputs": sorted(signature.get("outputs", {})),
-    }
+def _signature_summary(signature, path):
+    if not isinstance(signature, dict):
+        raise Malformed(f"{path} is not an object")
+    return {part: sorted(str(name) for name in (signature.get(part) or {})) for part in ("inputs", "outputs")}

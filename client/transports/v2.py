@@ -5,7 +5,8 @@ import struct
 from urllib.parse import quote
 
 import contract
-from client.transports.common import UNKNOWN_LABEL, HttpTransport, RequestFailed, Unreachable, reason
+from client.transports.common import (UNKNOWN_LABEL, HttpTransport, Malformed, RequestFailed, Unreachable,
+                                      checked, field, kind, number, parse_json, parsing, reason, text_or_none)
 
 
 class V2Transport(HttpTransport):
@@ -19,9 +20,9 @@ class V2Transport(HttpTransport):
 
     def _call(self, method, path, **kwargs):
         response = self._send(method, f"{self.url}/v2{path}", **kwargs)
-        header_length = response.headers.get("Inference-Header-Content-Length")
+        header_length = response.headers.get("Inference-Header-Content-Length", "").strip()
         try:
-            body = json.loads(response.content[: int(header_length)] if header_length else response.content)
+            body = parse_json(response.content[: int(header_length)] if header_length.isdigit() else response.content)
         except ValueError:
             body = None
         self._raise_if_not_ready(response, body)
@@ -48,6 +49,7 @@ class V2Transport(HttpTransport):
                 ],
             }
         ).encode()
+        source = f"{self.url}/v2{self._model_path()}/infer"
         response, body = self._call(
             "POST",
             f"{self._model_path()}/infer",
@@ -56,22 +58,44 @@ class V2Transport(HttpTransport):
         )
         if response.status_code != 200:
             raise RequestFailed(reason(body, response), response.status_code)
-        try:
-            (output,) = [o for o in body["outputs"] if o["name"] == contract.OUTPUT_PROBABILITIES]
-            rows, k = output["shape"]
-            cells = [_classification(cell) for cell in output["data"]]
-            extra = {o["name"]: list(o["data"]) for o in body["outputs"] if o["name"] in self.CONFIDENCE}
-        except (KeyError, TypeError, ValueError) as error:
-            raise RequestFailed(f"unexpected answer from {self.url}: {type(error).__name__}: {error}", response.status_code) from None
-        if rows != len(batch) or len(cells) != rows * k:
-            raise RequestFailed(f"unexpected answer from {self.url}: {rows} rows for {len(batch)} images", response.status_code)
+        with parsing(source):
+            return self._results(body, len(batch))
+
+    def _results(self, body, images):
+        """One result per image from the classification extension's ``[images, k]`` strings and the confidence outputs."""
+        if body is None:
+            raise Malformed("not JSON")
+        outputs = field(body, "outputs", list)
+        named = [o for o in outputs if isinstance(o, dict) and o.get("name") == contract.OUTPUT_PROBABILITIES]
+        if len(named) != 1:
+            raise Malformed(f"{len(named)} outputs named {contract.OUTPUT_PROBABILITIES!r}, not one")
+        (output,) = named
+        shape = output.get("shape")
+        if not (isinstance(shape, list) and len(shape) == 2 and all(type(d) is int for d in shape)):
+            raise Malformed(f"the classification's shape is {kind(shape) if not isinstance(shape, list) else shape[:4]}, not [images, k]")
+        rows, k = shape
+        if rows != images:
+            raise Malformed(f"{rows} rows for {images} images")
+        if k < 1:
+            raise Malformed(f"a classification of shape [{rows}, {k}] names no class")
+        data = field(output, "data", list, f"outputs[{contract.OUTPUT_PROBABILITIES!r}]")
+        if len(data) != rows * k:
+            raise Malformed(f"{len(data)} classifications for shape [{rows}, {k}]")
+        cells = [_classification(cell, f"classification {i}") for i, cell in enumerate(data)]
+        extra = {}
+        for o in outputs:
+            if isinstance(o, dict) and o.get("name") in self.CONFIDENCE:
+                values = field(o, "data", list, f"outputs[{o['name']!r}]")
+                if len(values) != rows:
+                    raise Malformed(f"{len(values)} values of {o['name']!r} for {rows} images")
+                extra[o["name"]] = values
         results = []
         for row in range(rows):
             ranked = cells[row * k : (row + 1) * k]
             best = ranked[0]
             score, inside = (extra.get(name, [None] * rows)[row] for name in self.CONFIDENCE)
-            results.append({"label": best["label"], "class_id": best["class_id"], "probability": best["probability"],
-                            "top_k": ranked, "ood_score": score, "in_distribution": inside})
+            results.append(checked({"label": best["label"], "class_id": best["class_id"], "probability": best["probability"],
+                                    "top_k": ranked, "ood_score": score, "in_distribution": inside}, f"image {row}"))
         return results
 
     #: The outputs that say how foreign an image looks, asked for when the model has them.
@@ -81,9 +105,13 @@ class V2Transport(HttpTransport):
         """Which of :data:`CONFIDENCE` the model has, from its metadata (asked once)."""
         if self._confidence is None:
             response, body = self._call("GET", self._model_path())
-            if response.status_code != 200 or not isinstance(body, dict):
+            if response.status_code != 200:
                 raise RequestFailed(reason(body, response), response.status_code)
-            names = {o.get("name") for o in body.get("outputs", []) if isinstance(o, dict)}
+            with parsing(f"{self.url}/v2{self._model_path()}"):
+                outputs = body.get("outputs", []) if isinstance(body, dict) else field(body, "outputs", list)
+                if not isinstance(outputs, list):
+                    raise Malformed(f"outputs is {kind(outputs)}, not a list")
+                names = {o.get("name") for o in outputs if isinstance(o, dict)}
             self._confidence = [name for name in self.CONFIDENCE if name in names]
         return self._confidence
 
@@ -97,26 +125,47 @@ class V2Transport(HttpTransport):
 
     def info(self):
         response, body = self._call("GET", self._model_path())
-        if response.status_code != 200 or not isinstance(body, dict):
+        if response.status_code != 200:
             raise RequestFailed(reason(body, response), response.status_code)
-        versions = [str(v) for v in body.get("versions") or []]
-        if all(v.isdigit() for v in versions):
-            versions = sorted(int(v) for v in versions)
+        with parsing(f"{self.url}/v2{self._model_path()}"):
+            if not isinstance(body, dict):
+                raise Malformed("not JSON" if body is None else f"the answer is {kind(body)}, not an object")
+            versions = body.get("versions") or []
+            if not isinstance(versions, list):
+                raise Malformed(f"versions is {kind(versions)}, not a list")
+            versions = [str(v) for v in versions]
+            if all(v.isdigit() for v in versions):
+                versions = sorted(int(v) for v in versions)
+            else:
+                versions = sorted(versions)
 
-        def tensors(entries):
-            return {t["name"]: {"datatype": t.get("datatype"), "shape": t.get("shape")} for t in entries or []}
+            def tensors(part):
+                entries = body.get(part) or []
+                if not isinstance(entries, list):
+                    raise Malformed(f"{part} is {kind(entries)}, not a list")
+                for i, t in enumerate(entries):
+                    if not isinstance(t, dict) or not isinstance(t.get("name"), str):
+                        raise Malformed(f"{part}[{i}] is not an object with a name")
+                return {t["name"]: {"datatype": t.get("datatype"), "shape": t.get("shape")} for t in entries}
 
-        return {
-            "name": body.get("name"),
-            "version": max(versions) if versions else None,
-            "versions": versions,
-            "class_names": None,
-            "signatures": {"infer": {"inputs": tensors(body.get("inputs")), "outputs": tensors(body.get("outputs"))}},
-            "backend": f"v2 {self.url} ({body.get('platform')})",
-        }
+            return {
+                "name": text_or_none(body.get("name"), "name"),
+                "version": versions[-1] if versions else None,
+                "versions": versions,
+                "class_names": None,
+                "signatures": {"infer": {"inputs": tensors("inputs"), "outputs": tensors("outputs")}},
+                "backend": f"v2 {self.url} ({body.get('platform')})",
+            }
 
 
-def _classification(cell):
+def _classification(cell, path):
     """One classification-extension string ``"<value>:<index>[:<label>]"`` as ``{label, class_id, probability}``."""
+    if not isinstance(cell, str) or cell.count(":") < 1:
+        raise Malformed(f"{path} is {kind(cell)}, not \"<probability>:<class id>[:<label>]\"")
     value, index, *label = cell.split(":", 2)
-    return {"label": label[0] if label else UNKNOWN_LABEL, "class_id": int(index), "probability": float(value)}
+    try:
+        probability, class_id = float(value), int(index)
+    except ValueError:
+        raise Malformed(f"{path} is {kind(cell)}, not \"<probability>:<class id>[:<label>]\"") from None
+    return {"label": label[0] if label else UNKNOWN_LABEL, "class_id": class_id,
+            "probability": number(probability, f"{path}'s probability")}
