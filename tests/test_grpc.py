@@ -2,6 +2,7 @@
 ``tensorflow-serving-api``'s own stubs: in-process over an app of ``model_base``, and once through the
 real gunicorn server, where every worker serves it on one port."""
 
+import threading
 import time
 
 import grpc
@@ -277,17 +278,52 @@ def test_a_message_over_the_size_limit_is_refused_by_grpc(predict_stub, images):
     still_serves(predict_stub, images)
 
 
-def test_a_1_ms_deadline_is_exceeded_and_the_server_goes_on(predict_stub, images):
+@pytest.fixture()
+def held(app, monkeypatch):
+    """The service's ``run`` held until the test lets it go: a model call that outlasts any deadline, without a sleep."""
+    service = app.extensions["serve.service"]
+    real, entered, release = service.run, threading.Event(), threading.Event()
+
+    def run(*args, **kwargs):
+        entered.set()
+        release.wait(DEADLINE_S)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(service, "run", run)
+    yield entered
+    release.set()
+    monkeypatch.undo()
+
+
+def test_a_1_ms_deadline_is_exceeded_and_the_server_goes_on(predict_stub, images, held):
     code, _ = code_of(predict_stub.Predict, pixels_request(images), metadata=WITH_KEY, timeout=0.001)
     assert code == grpc.StatusCode.DEADLINE_EXCEEDED
-    still_serves(predict_stub, images)
 
 
-def test_a_cancelled_call_leaves_the_server_serving(predict_stub, images):
+def test_a_cancelled_call_leaves_the_server_serving(predict_stub, images, held):
     future = predict_stub.Predict.future(pixels_request(images), metadata=WITH_KEY, timeout=DEADLINE_S)
-    future.cancel()
-    assert future.cancelled() or future.done()
+    assert held.wait(DEADLINE_S)  # the call is in the model when it is cancelled
+    assert future.cancel() and future.cancelled()
+
+
+def test_the_server_serves_after_deadlines_and_cancellations(predict_stub, images):
     still_serves(predict_stub, images)
+
+
+@pytest.mark.parametrize("remaining, code", [(-0.5, grpc.StatusCode.DEADLINE_EXCEEDED), (5.0, grpc.StatusCode.CANCELLED)])
+def test_a_call_whose_caller_went_away_stops_between_stages(remaining, code):
+    from serve.protocols import tfserving_grpc
+
+    class Gone:
+        def is_active(self):
+            return False
+
+        def time_remaining(self):
+            return remaining
+
+    with pytest.raises(tfserving_grpc.Failure) as raised:
+        tfserving_grpc.alive(Gone())
+    assert raised.value.code == code
 
 
 def test_an_unexpected_fault_is_internal_with_no_traceback(app, predict_stub, images, monkeypatch):
@@ -297,6 +333,40 @@ def test_an_unexpected_fault_is_internal_with_no_traceback(app, predict_stub, im
     assert code == grpc.StatusCode.INTERNAL and details == "internal error: ZeroDivisionError"
     monkeypatch.undo()
     still_serves(predict_stub, images)
+
+
+def test_the_rate_limit_is_one_budget_with_http(model_base, images):
+    """Three calls a minute for the API area: HTTP and gRPC draw on the same count, per key."""
+    from serve import create_app
+    from serve.protocols import tfserving_grpc
+
+    limited = create_app({"TESTING": True, "MODEL_DIR": str(model_base), "MODEL_NAME": "cifar10", "API_KEYS": f"{KEY},other",
+                          "RATE_LIMIT_API": "3/minute"})
+    limited.extensions["serve.backend"].wait_loaded()
+    server, port = tfserving_grpc.make_server(limited, "127.0.0.1:0", threads=4, reuse_port=False)
+    server.start()
+    try:
+        with grpc.insecure_channel(f"127.0.0.1:{port}") as channel:
+            stub = prediction_service_pb2_grpc.PredictionServiceStub(channel)
+            http = limited.test_client()
+            assert http.get("/v1/models/cifar10", headers={"X-API-Key": KEY}).status_code == 200
+            assert stub.Predict(pixels_request(images[:1]), metadata=WITH_KEY, timeout=DEADLINE_S).outputs
+            assert http.get("/v1/models/cifar10", headers={"X-API-Key": KEY}).status_code == 200
+            code, details = code_of(stub.Predict, pixels_request(images[:1]), metadata=WITH_KEY)
+            assert code == grpc.StatusCode.RESOURCE_EXHAUSTED and "3 per 1 minute" in details
+            assert http.get("/v1/models/cifar10", headers={"X-API-Key": KEY}).status_code == 429
+            # Another key has its own budget; keys are still checked, and health is never limited.
+            other = (("authorization", "Bearer other"),)
+            assert stub.Predict(pixels_request(images[:1]), metadata=other, timeout=DEADLINE_S).outputs
+            assert code_of(stub.Predict, pixels_request(images[:1]), metadata=(("x-api-key", "wrong"),))[0] == (
+                grpc.StatusCode.UNAUTHENTICATED)  # counted by address, like HTTP's wrong keys
+            code, _ = code_of(stub.Predict, pixels_request(images[:1]))
+            assert code == grpc.StatusCode.UNAUTHENTICATED
+            for _ in range(5):
+                assert health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(), timeout=DEADLINE_S).status == 1
+    finally:
+        server.stop(None).wait()
+        limited.extensions["serve.backend"].close()
 
 
 # -- health ------------------------------------------------------------------------------
