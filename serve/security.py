@@ -283,8 +283,10 @@ def init_app(app, settings, metrics):
             storage_uri=security.store,
             storage_options=store_options(security.store),
             headers_enabled=True,
-            # If Redis goes away, count in memory (per worker) rather than answer 500.
+            # If Redis goes away, count in memory (per worker) rather than answer 500; an error of the
+            # store while it is being found out is logged and the request let through, never a 500.
             in_memory_fallback_enabled=True,
+            swallow_errors=True,
             key_prefix="serve",
         )
         security.limiter.init_app(app)

@@ -442,3 +442,45 @@ def test_a_version_without_its_manifest_waits_for_it(model_base, tmp_path, caplo
         assert client.get("/api/v1/model").get_json()["confidence"] is not None
     finally:
         backend.close()
+
+
+def test_a_redis_that_goes_away_and_comes_back_costs_no_request(model_base, tmp_path):
+    """Redis stopped under a rate-limited app: the requests meanwhile are answered (counted in memory), none is a 500."""
+    import subprocess
+
+    from live_server import free_port
+    from serve import create_app
+
+    if shutil.which("redis-server") is None:
+        pytest.skip("redis-server is not installed (apt-get install redis-server; scripts/test.sh installs it)")
+    port = free_port()
+    command = ["redis-server", "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"]
+
+    def start():
+        process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                socket.create_connection(("127.0.0.1", port), timeout=1).close()
+                return process
+            except OSError:
+                assert time.monotonic() < deadline, "redis-server did not start"
+                time.sleep(0.1)
+
+    redis = start()
+    app = create_app({"TESTING": True, "MODEL_DIR": str(model_base), "RATE_LIMIT_API": "1000/minute",
+                      "RATE_LIMIT_STORE": f"redis://127.0.0.1:{port}/0"})
+    app.extensions["serve.backend"].wait_loaded()
+    client = app.test_client()
+    try:
+        statuses = [client.get("/api/v1/model").status_code for _ in range(3)]
+        redis.terminate()
+        redis.wait(30)
+        statuses += [client.get("/api/v1/model").status_code for _ in range(5)]
+        redis = start()
+        statuses += [client.get("/api/v1/model").status_code for _ in range(3)]
+    finally:
+        redis.terminate()
+        redis.wait(30)
+        app.extensions["serve.backend"].close()
+    assert statuses == [200] * 11
