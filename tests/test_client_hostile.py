@@ -49,24 +49,24 @@ class _Server(socketserver.ThreadingTCPServer):
 
 
 class _Handler(socketserver.StreamRequestHandler):
-    """Reads one request, lets the test's behaviour answer it, and closes the connection."""
+    """Reads a request and lets the test's behaviour answer it; then closes the connection, unless the
+    behaviour returns True (it answered without ``Connection: close``) and the client sends another."""
 
     def handle(self):
         self.server.sockets.append(self.connection)
-        request_line = self.rfile.readline(65537)
-        if not request_line:
-            return
-        headers = {}
-        while (line := self.rfile.readline(65537)) not in (b"\r\n", b"\n", b""):
-            name, _, value = line.decode("latin-1").partition(":")
-            headers[name.strip().lower()] = value.strip()
-        self.rfile.read(int(headers.get("content-length", 0)))
-        method, path, _ = request_line.decode("latin-1").split(" ", 2)
-        self.server.requests.append((method, path, headers))
-        try:
-            self.server.behaviour(self, method, path)
-        except OSError:  # the client gave up and closed its end
-            pass
+        while request_line := self.rfile.readline(65537):
+            headers = {}
+            while (line := self.rfile.readline(65537)) not in (b"\r\n", b"\n", b""):
+                name, _, value = line.decode("latin-1").partition(":")
+                headers[name.strip().lower()] = value.strip()
+            self.rfile.read(int(headers.get("content-length", 0)))
+            method, path, _ = request_line.decode("latin-1").split(" ", 2)
+            self.server.requests.append((method, path, headers))
+            try:
+                if not self.server.behaviour(self, method, path):
+                    return
+            except OSError:  # the client gave up and closed its end
+                return
 
     def send(self, data):
         self.wfile.write(data)
@@ -96,15 +96,17 @@ def serve():
         server.server_close()
 
 
-def head(status=200, reason="OK", headers=()):
-    lines = [f"HTTP/1.1 {status} {reason}", "Connection: close", *headers]
+def head(status=200, reason="OK", headers=(), keep_alive=False):
+    lines = [f"HTTP/1.1 {status} {reason}", *([] if keep_alive else ["Connection: close"]), *headers]
     return ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1")
 
 
-def answer(handler, status, body, headers=(), reason="OK"):
-    """A whole answer: ``body`` (bytes, or JSON as text) with its Content-Length."""
+def answer(handler, status, body, headers=(), reason="OK", keep_alive=False):
+    """A whole answer: ``body`` (bytes, or JSON as text) with its Content-Length; returns ``keep_alive``."""
     data = body if isinstance(body, bytes) else json.dumps(body).encode()
-    handler.send(head(status, reason, ["Content-Type: application/json", f"Content-Length: {len(data)}", *headers]) + data)
+    handler.send(head(status, reason, ["Content-Type: application/json", f"Content-Length: {len(data)}", *headers],
+                      keep_alive) + data)
+    return keep_alive
 
 
 def routes(**answers_by_via):
@@ -199,17 +201,29 @@ def test_each_retry_gets_its_own_deadline_and_the_waits_count_in_none(serve, ima
     assert json.loads(out)["label"] == "cat"
 
 
-def test_a_well_behaved_server_is_answered_on_one_connection(serve, tmp_path, capsys):
-    """The deadline's watch does not stop connections from being reused, nor a normal answer from arriving."""
+def _files(tmp_path, count):
     paths = []
-    for i, img in enumerate(synthetic.make_images(1, seed=2)[0]):
-        paths.append(tmp_path / f"{i}.png")
-        paths[-1].write_bytes(synthetic.encode(img))
-    body = {"predictions": [{"label": "dog", "class_id": 5, "probability": 0.5, "top_k": []}]}
-    server = serve(routes(api=body))
-    code, out, err, _ = run(capsys, ["predict", *map(str, paths), "--url", server.url, "--batch-size", "1", "--json"])
-    assert code == 0, err
-    assert [json.loads(line)["label"] for line in out.splitlines()] == ["dog"] * len(paths)
+    for i, img in enumerate(synthetic.make_images(count, seed=2)[0][:count]):
+        paths.append(str(tmp_path / f"{i}.png"))
+        (tmp_path / f"{i}.png").write_bytes(synthetic.encode(img))
+    return paths
+
+
+def test_a_connection_kept_alive_is_reused_and_still_under_the_deadline(serve, tmp_path, capsys):
+    """Two batches answered on one kept-alive connection; the third, on the same connection, trickles,
+    and is given up on: a connection taken from the pool is watched like a new one."""
+    def behaviour(handler, method, path):
+        if len(handler.server.requests) <= 2:
+            return answer(handler, 200, {"predictions": [{"label": "dog", "class_id": 5, "probability": 0.5}]},
+                          keep_alive=True)
+        trickle_body(handler, method, path)
+
+    server = serve(behaviour)
+    code, out, err, elapsed = run(capsys, ["predict", *_files(tmp_path, 3), "--url", server.url, "--batch-size", "1",
+                                           "--json", "--timeout", "1"])
+    assert code == cli.EXIT_UNREACHABLE and elapsed < GENEROUS_S and "within 1 s" in one_line(err)
+    assert [json.loads(line)["label"] for line in out.splitlines()] == ["dog", "dog"]
+    assert len(server.requests) == 3 and len(server.sockets) == 1  # all three on one connection
 
 
 # -- a cap on the answer's size ---------------------------------------------------------------------
