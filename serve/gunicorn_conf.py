@@ -35,9 +35,13 @@ preload_app = False
 # gunicorn 25.1+ serves a control socket (gunicornc) under $HOME/.gunicorn; nothing here uses it, and the
 # image's user has no home ("Control server error: [Errno 13] Permission denied: '/home/app'").
 control_socket_disable = True
-accesslog = _settings.gunicorn_accesslog  # "-" for stdout; off by default
+accesslog = _settings.gunicorn_accesslog  # "-" for stdout; off by default (serve.access logs every request)
 errorlog = "-"
 loglevel = _settings.gunicorn_loglevel
+# gunicorn's own lines (and its access log, when on) in SERVE_LOG_FORMAT, like the app's (serve/logs.py).
+from serve.logs import gunicorn_logger  # noqa: E402  (after the settings check above)
+
+logger_class = gunicorn_logger()
 
 # Prometheus multiprocess mode: every worker writes its metrics to files in one directory,
 # and /metrics adds them up. The directory must be empty when the server starts.

@@ -102,3 +102,20 @@ def note_answer(version, images):
     if has_request_context():
         previous = g.get("serve_answered") or (None, 0)
         g.serve_answered = (version, previous[1] + images)
+
+
+def gunicorn_logger():
+    """gunicorn's logger class with its error and access logs in ``SERVE_LOG_FORMAT`` (``logger_class`` in gunicorn_conf)."""
+    from gunicorn import glogging
+
+    from serve.settings import Settings
+
+    class Logger(glogging.Logger):
+        def setup(self, cfg):
+            super().setup(cfg)
+            if Settings.from_env().log_format == "json":
+                for log in (self.error_log, self.access_log):
+                    for handler in log.handlers:
+                        handler.setFormatter(formatter("json"))
+
+    return Logger

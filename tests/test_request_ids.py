@@ -117,3 +117,22 @@ def test_text_is_a_setting():
     record = logging.LogRecord("serve.access", logging.INFO, __file__, 1, "hello", (), None)
     logs.RequestIdFilter().filter(record)
     assert logs.formatter("text").format(record).endswith("serve.access [-] hello")
+
+
+@pytest.mark.parametrize("kind", ["json", "text"])
+def test_gunicorns_own_lines_in_the_same_format(monkeypatch, kind):
+    from gunicorn.config import Config
+
+    from serve import logs
+
+    monkeypatch.setenv("SERVE_LOG_FORMAT", kind)
+    logger = logs.gunicorn_logger()(Config())
+    stream = io.StringIO()
+    for handler in logger.error_log.handlers:
+        handler.stream = stream
+    logger.info("Booting worker with pid: %s", 7)
+    line = stream.getvalue().strip()
+    if kind == "json":
+        assert json.loads(line)["message"] == "Booting worker with pid: 7" and json.loads(line)["logger"] == "gunicorn.error"
+    else:
+        assert line.endswith("Booting worker with pid: 7") and not line.startswith("{")
