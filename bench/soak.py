@@ -27,6 +27,17 @@ Also reported: the workers are the ones the server started with (none crashed or
 restarted), and the lines of the server's error log that are errors. Bounded: a fixed number of
 clients, a per-request timeout, the run stops at ``--seconds``, and the script gives up on a
 client that has not finished 60 s after that. Linux only (/proc).
+
+With ``--faults`` the run is a fault soak (issue 42): the server serves a copy of the model
+directory with keys and a rate limit in a Redis the script starts (``redis-server`` on a loopback
+port), a second server stands by on another port, and during the run, in order: a new version is
+published (export's way: complete, then renamed in), a version is copied in by hand without its
+manifest and the manifest follows 10% of the run later, Redis is stopped and restarted, a worker is
+killed with SIGKILL, and the first server gets SIGTERM while loaded (a rolling restart: the load
+moves to the second server, as a load balancer moves it; a request refused at the connection is
+sent once more, to wherever the load now goes). Reported apart: 503s that carry ``Retry-After``
+(load shed on purpose, not errors), the model versions that answered, and the memory of the first
+server up to its SIGTERM.
 """
 
 import argparse
@@ -233,8 +244,19 @@ class Tally:
                 self.examples.setdefault(case.name, note)
 
 
-def client(url, cases, weights, seed, stop_at, tally, counting, api_key=None):
+class Target:
+    """Where the load goes now (a load balancer's choice): the first server, then the standby."""
+
+    def __init__(self, url):
+        self.url = url
+
+    def __call__(self):
+        return self.url
+
+
+def client(url, cases, weights, seed, stop_at, tally, counting, api_key=None, versions=None):
     rng = random.Random(seed)
+    target = url if callable(url) else (lambda: url)
 
     def new_session():
         session = requests.Session()
@@ -247,21 +269,30 @@ def client(url, cases, weights, seed, stop_at, tally, counting, api_key=None):
         case = rng.choices(cases, weights)[0]
         method, path, kwargs = case.send(rng)
         try:
-            response = session.request(method, url + path, timeout=REQUEST_TIMEOUT_S, **kwargs)
+            response = _send(session, method, target, path, kwargs, retry=callable(url))
         except requests.RequestException as e:
             if counting.is_set():
                 tally.record(case, f"no answer ({type(e).__name__})", False, 0, str(e)[:200])
             session = new_session()
             continue
         status = response.status_code
+        if status == 503 and response.headers.get("Retry-After"):  # shed on purpose: counted apart
+            if counting.is_set():
+                tally.record(case, "503 Retry-After", True, 0, refused=case.good)
+            continue
+        if versions is not None and status == 200 and path == PREDICT:
+            try:
+                versions[response.json()["model"]["version"]] += 1
+            except (ValueError, KeyError, TypeError):
+                pass
         if status == 429 and api_key:  # over the rate limit: an expected answer to anything
             if counting.is_set():
                 tally.record(case, status, True, 0, refused=case.good)
             continue
         ok, answered = status == case.status, 0
         if ok and case.good:
-            if case.check is None:  # the form: a page with a label on it
-                ok = 'data-testid="label"' in response.text
+            if case.check is None:  # the form: a page with a label, or the verdict "none of the classes"
+                ok = 'data-testid="label"' in response.text or 'data-testid="verdict"' in response.text
             else:
                 try:
                     ok = case.check(response.json())
@@ -270,6 +301,79 @@ def client(url, cases, weights, seed, stop_at, tally, counting, api_key=None):
             answered = case.good if ok else 0
         if counting.is_set():
             tally.record(case, status, ok, answered, None if ok else response.text[:200])
+
+
+def _send(session, method, target, path, kwargs, retry):
+    """One request; with ``retry``, a connection refused or reset is sent once more, to wherever the load goes now."""
+    try:
+        return session.request(method, target() + path, timeout=REQUEST_TIMEOUT_S, **kwargs)
+    except requests.ConnectionError:
+        if not retry:
+            raise
+        return session.request(method, target() + path, timeout=REQUEST_TIMEOUT_S, **kwargs)
+
+
+# -- the faults --------------------------------------------------------------------------------
+def start_redis(logdir):
+    """``redis-server`` on a free loopback port, no persistence; ``(process, port)``."""
+    port = free_port()
+    process = subprocess.Popen(["redis-server", "--port", str(port), "--bind", "127.0.0.1", "--save", "",
+                                "--appendonly", "no"], stdout=open(os.path.join(logdir, "redis.log"), "wb"),
+                               stderr=subprocess.STDOUT)
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        try:
+            with socket.create_connection(("127.0.0.1", port), timeout=1):
+                return process, port
+        except OSError:
+            time.sleep(0.1)
+    raise SystemExit("error: redis-server did not start")
+
+
+def run_faults(seconds, started, models, servers, redis, logdir, events, target, standby_url):
+    """The fault schedule, at fractions of the timed run; each step noted in ``events`` with its time."""
+    import shutil
+    import signal
+
+    def at(fraction):
+        time.sleep(max(0.0, started + fraction * seconds - time.monotonic()))
+
+    def note(what):
+        events.append((round(time.monotonic() - started, 1), what))
+
+    newest = max(int(n) for n in os.listdir(models) if n.isdigit())
+    at(0.10)
+    shutil.copytree(os.path.join(models, str(newest)), os.path.join(models, ".incoming"))
+    os.rename(os.path.join(models, ".incoming"), os.path.join(models, str(newest + 1)))
+    note(f"published version {newest + 1}")
+    at(0.25)
+    manifest = os.path.join("assets.extra", "manifest.json")
+    shutil.copytree(os.path.join(models, str(newest)), os.path.join(models, str(newest + 2)),
+                    ignore=shutil.ignore_patterns("manifest.json"))
+    note(f"copied version {newest + 2} by hand, without its manifest")
+    at(0.35)
+    shutil.copy(os.path.join(models, str(newest), manifest), os.path.join(models, str(newest + 2), manifest))
+    note(f"version {newest + 2}'s manifest arrived")
+    at(0.45)
+    process, port = redis
+    process.terminate()
+    process.wait(30)
+    note("Redis stopped")
+    at(0.55)
+    redis[0] = subprocess.Popen(["redis-server", "--port", str(port), "--bind", "127.0.0.1", "--save", "",
+                                 "--appendonly", "no"], stdout=open(os.path.join(logdir, "redis2.log"), "wb"),
+                                stderr=subprocess.STDOUT)
+    note("Redis restarted")
+    at(0.65)
+    first = servers[0]
+    workers = children(first.pid)
+    if workers:
+        os.kill(workers[0], signal.SIGKILL)
+        note(f"worker {workers[0]} killed with SIGKILL")
+    at(0.80)
+    target.url = standby_url
+    first.send_signal(signal.SIGTERM)
+    note("first server sent SIGTERM; the load moves to the standby")
 
 
 def sample_memory(pid, stop, samples, started):
@@ -295,6 +399,8 @@ def main(argv=None):
     p.add_argument("--serve-env", action="append", default=[], metavar="KEY=VALUE", help="extra environment for the server")
     p.add_argument("--api-key", help="send this key with every request (a server with SERVE_API_KEYS); 429s are then expected")
     p.add_argument("--json", help="also write the results to this JSON file")
+    p.add_argument("--faults", action="store_true",
+                   help="a fault soak: new versions, Redis stopped and restarted, a worker killed, a rolling restart")
     args = p.parse_args(argv)
     if not os.path.isdir(args.model_dir):
         raise SystemExit(f"error: no model directory {args.model_dir} (export one, or pass --model-dir)")
@@ -305,15 +411,28 @@ def main(argv=None):
     cases = make_cases(jpegs, limit_mb, int(env_extra.get("SERVE_MAX_IMAGES") or 256))
     weights = [c.weight for c in cases]
     logdir = tempfile.mkdtemp(prefix="soak-")
-    process, url, errlog = start_server(os.path.abspath(args.model_dir), free_port(), env_extra, logdir)
+    model_dir, redis, standby, events, versions = os.path.abspath(args.model_dir), None, None, [], collections.Counter()
+    if args.faults:
+        import shutil
+
+        model_dir = os.path.join(logdir, "models", os.path.basename(model_dir.rstrip("/")))
+        shutil.copytree(os.path.abspath(args.model_dir), model_dir)
+        redis = list(start_redis(logdir))
+        args.api_key = args.api_key or "soak-key"
+        env_extra = {"SERVE_API_KEYS": args.api_key, "SERVE_RATE_LIMIT_API": "1000000/minute",
+                     "SERVE_RATE_LIMIT_STORE": f"redis://127.0.0.1:{redis[1]}/0", "MODEL_POLL_S": "2", **env_extra}
+        os.makedirs(os.path.join(logdir, "standby"))
+        standby, standby_url, _ = start_server(model_dir, free_port(), env_extra, os.path.join(logdir, "standby"))
+    process, url, errlog = start_server(model_dir, free_port(), env_extra, logdir)
+    target = Target(url) if args.faults else url
     try:
         workers_at_start = children(process.pid)
         tally, counting, stop_memory = Tally(), threading.Event(), threading.Event()
         begin = time.monotonic()
         stop_at = begin + args.warmup + args.seconds
         threads = [
-            threading.Thread(target=client, args=(url, cases, weights, args.seed * 1000 + i, stop_at, tally, counting,
-                                                  args.api_key), daemon=True)
+            threading.Thread(target=client, args=(target, cases, weights, args.seed * 1000 + i, stop_at, tally, counting,
+                                                  args.api_key, versions), daemon=True)
             for i in range(args.clients)
         ]
         for thread in threads:
@@ -324,6 +443,10 @@ def main(argv=None):
         samples = []
         memory = threading.Thread(target=sample_memory, args=(process.pid, stop_memory, samples, started), daemon=True)
         memory.start()
+        if args.faults:
+            faults = threading.Thread(target=run_faults, args=(args.seconds, started, model_dir, [process], redis, logdir,
+                                                               events, target, standby_url), daemon=True)
+            faults.start()
         for thread in threads:
             thread.join(max(0.0, stop_at + GRACE_S - time.monotonic()))
         elapsed = time.monotonic() - started
@@ -331,24 +454,30 @@ def main(argv=None):
         stop_memory.set()
         memory.join(5)
         workers_at_end = children(process.pid)
-        alive = requests.get(f"{url}/readyz", timeout=30).status_code  # open: no key needed
+        alive = requests.get(f"{target() if args.faults else url}/readyz", timeout=30).status_code  # open: no key needed
     finally:
-        process.terminate()
-        try:
-            process.wait(30)
-        except subprocess.TimeoutExpired:
-            process.kill()
+        for server in [process, standby, redis[0] if redis else None]:
+            if server is None:
+                continue
+            server.terminate()
+            try:
+                server.wait(30)
+            except subprocess.TimeoutExpired:
+                server.kill()
 
     with open(errlog) as f:
-        error_lines = [line.rstrip() for line in f if "[ERROR]" in line or "[CRITICAL]" in line or "Traceback" in line]
+        error_lines = [line.rstrip() for line in f if any(
+            word in line for word in ("[ERROR]", "[CRITICAL]", "Traceback", '"level": "ERROR"', '"level": "CRITICAL"'))]
     first = window_mean(samples, 0, WINDOW_S)
-    last = window_mean(samples, args.seconds - WINDOW_S, args.seconds)
+    end = 0.8 * args.seconds if args.faults else args.seconds  # the first server's SIGTERM
+    last = window_mean(samples, end - WINDOW_S, end)
     growth = last / first - 1
     statuses = collections.Counter()
     for counter in tally.by_case.values():
         statuses.update(counter)
     server_errors = sum(n for s, n in statuses.items() if isinstance(s, int) and s >= 500)
-    unanswered = sum(n for s, n in statuses.items() if not isinstance(s, int))
+    unanswered = sum(n for s, n in statuses.items() if str(s).startswith("no answer"))
+    shed = statuses.get("503 Retry-After", 0)
     results = {
         "clients": args.clients, "seconds": round(elapsed, 1), "warmup_s": args.warmup, "requests": tally.requests,
         "requests_per_s": round(tally.requests / elapsed, 1), "statuses": {str(k): v for k, v in sorted(statuses.items(), key=str)},
@@ -361,6 +490,8 @@ def main(argv=None):
         "ready_after": alive, "server_error_log_lines": error_lines[:20], "server_env": env_extra,
         "by_case": {name: {str(k): v for k, v in counter.items()} for name, counter in tally.by_case.items()},
         "rss_series_mb": [[round(t, 1), round(master + sum(workers), 1)] for t, master, workers, _ in samples],
+        "shed_503_retry_after": shed, "versions_answered": {str(k): v for k, v in sorted(versions.items())},
+        "faults": events,
     }
     checks = {
         "no 5xx, none unanswered": server_errors == 0 and unanswered == 0 and stuck == 0,
@@ -371,6 +502,9 @@ def main(argv=None):
         "workers unchanged, server ready after": workers_at_start == workers_at_end and alive == 200,
         "no errors in the server log": not error_lines,
     }
+    if args.faults:  # a worker is killed and the first server stopped on purpose: the standby answers after
+        del checks["workers unchanged, server ready after"], checks["no errors in the server log"]
+        checks["the standby ready after"] = alive == 200
     results["checks"] = checks
     print(f"soak: {args.clients} clients, {elapsed:.1f} s (after {args.warmup:g} s warm-up), {tally.requests} requests "
           f"({tally.requests / elapsed:.1f}/s); server env {env_extra or 'default'}")
@@ -383,6 +517,10 @@ def main(argv=None):
           f"unanswered: {unanswered}; wrong: {dict(tally.wrong) or 'none'}")
     print(f"resident memory (master + workers): first {WINDOW_S} s {first:.0f} MB, last {WINDOW_S} s {last:.0f} MB, "
           f"growth {growth:+.2%}; per process at the end: {results['rss_per_process_last_mb']} MB")
+    if args.faults:
+        print(f"503 with Retry-After (shed): {shed}; versions answered: {dict(sorted(versions.items()))}")
+        for when, what in events:
+            print(f"  at {when:6.1f} s: {what}")
     for name, passed in checks.items():
         print(f"{'PASS' if passed else 'FAIL'}  {name}")
     if tally.examples:
