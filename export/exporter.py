@@ -47,6 +47,7 @@ import os
 import shutil
 import sys
 import tempfile
+import time
 
 from contract import (
     ASSETS_EXTRA,
@@ -67,6 +68,9 @@ from export.verify import TOLERANCE, check_fingerprint, probe_inputs, rebuild, v
 DEFAULT_MODEL_DIR = "models"
 EXPORT_FORMAT = 1
 _TEMP_PREFIX = ".export-"  # non-numeric, so TF Serving ignores it while it is being written
+#: A staging directory untouched this long was left by an export that died (SIGKILL, a lost machine):
+#: the next export removes it. Far longer than any export takes, so a running one is never touched.
+STALE_AFTER_S = 3600
 
 
 def run(run_dir, model_dir=DEFAULT_MODEL_DIR, name=DEFAULT_MODEL_NAME, version=None, verbose=1):
@@ -161,6 +165,7 @@ def _write_version(model, manifest, probe, expected, confidence, run_dir, model_
         os.makedirs(base, exist_ok=True)
     except OSError as exc:
         raise ExportError(f"cannot create {base}: {exc.strerror or exc}") from None
+    clean_stale(base, verbose=verbose)
     if version is None:
         version = 1 + max(_versions(base), default=0)
     final = os.path.join(base, str(version))
@@ -195,6 +200,23 @@ def _write_version(model, manifest, probe, expected, confidence, run_dir, model_
         _say_confidence(confidence, verbose)
         print(format_signatures(signatures))
     return final
+
+
+def clean_stale(base, now=None, verbose=0):
+    """Remove the ``.export-*`` staging directories under ``base`` that no export has touched for ``STALE_AFTER_S``."""
+    now = time.time() if now is None else now
+    for entry in os.scandir(base):
+        if not (entry.name.startswith(_TEMP_PREFIX) and entry.is_dir(follow_symlinks=False)):
+            continue
+        try:
+            touched = max([entry.stat(follow_symlinks=False).st_mtime]
+                          + [e.stat(follow_symlinks=False).st_mtime for e in os.scandir(entry.path)])
+        except OSError:  # removed meanwhile, or unreadable: not ours to judge
+            continue
+        if now - touched > STALE_AFTER_S:
+            shutil.rmtree(entry.path, ignore_errors=True)
+            if verbose:
+                print(f"removed {entry.path}, left by an export that did not finish")
 
 
 def _versions(base):
