@@ -292,7 +292,7 @@ def client(url, cases, weights, seed, stop_at, tally, counting, api_key=None, ve
         ok, answered = status == case.status, 0
         if ok and case.good:
             if case.check is None:  # the form: a page with a label, or the verdict "none of the classes"
-                ok = 'data-testid="label"' in response.text or 'data-testid="verdict"' in response.text
+                ok = any(f'data-testid="{kind}"' in response.text for kind in ("label", "verdict", "not-sure"))
             else:
                 try:
                     ok = case.check(response.json())

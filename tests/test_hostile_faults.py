@@ -9,6 +9,7 @@ import http.server
 import io
 import json
 import os
+import re
 import random
 import shutil
 import socket
@@ -484,3 +485,30 @@ def test_a_redis_that_goes_away_and_comes_back_costs_no_request(model_base, tmp_
         redis.wait(30)
         app.extensions["serve.backend"].close()
     assert statuses == [200] * 11
+
+
+# -- the page: a low top probability is "not sure", not a bold label (issue 45) ------------------------------
+
+
+class _UnsureBackend(_ShedBackend):
+    def info(self):
+        from serve.core import ModelInfo
+
+        return ModelInfo(name="cifar10", version=1, versions=(1,), class_names=("cat", "deer", "dog"))
+
+    def infer(self, images, version=None):
+        from serve.core import Prediction
+
+        rows = np.tile(np.float32([[0.30, 0.45, 0.25]]), (len(images), 1))
+        return Prediction(1, {"probabilities": rows, "class_ids": np.argmax(rows, 1), "class_names": np.array([b"deer"] * len(images), object)})
+
+
+def test_a_low_top_probability_is_said_as_not_sure():
+    from serve import create_app
+
+    page = create_app({"TESTING": True}, backend=_UnsureBackend()).test_client().post(
+        "/", **synthetic.multipart(("a.png", synthetic.encode(synthetic.make_images(1)[0][0]))))
+    html = page.get_data(as_text=True)
+    assert page.status_code == 200
+    assert re.search(r'data-testid="not-sure">not sure: deer or cat<', html), html[-800:]
+    assert 'data-testid="label"' not in html

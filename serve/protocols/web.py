@@ -9,6 +9,8 @@ from serve.protocols import multipart, service, settings
 
 bp = Blueprint("web", __name__)
 
+#: Below this top-class probability the page says "not sure: A or B" instead of one bold label.
+NOT_SURE_BELOW = 0.5
 MIME_TYPES = {"PNG": "image/png", "JPEG": "image/jpeg", "GIF": "image/gif", "BMP": "image/bmp", "WEBP": "image/webp"}
 _WORDS = ("", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine", "ten", "eleven", "twelve")
 
@@ -48,6 +50,7 @@ def upload():
         "index.html", top_k=top_k, results=results,
         model={"name": result.model.name, "version": result.version, "architecture": result.model.architecture},
         runtime=result.model.runtime, class_count=_count_words(len(result.model.class_names or ())) or "known",
+        not_sure_below=NOT_SURE_BELOW,
     ), status
 
 
