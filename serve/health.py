@@ -74,7 +74,15 @@ def readyz():
     except ServeError as e:
         return jsonify(error=str(e), backend=served.kind, **_skipped(served)), e.status
     return jsonify(status="ready", model=served.model_name, version=version, backend=served.kind, runtime=info.runtime,
-                   **_skipped(served))
+                   **_skipped(served), **_agreement(version))
+
+
+def _agreement(version):
+    """``versions_served`` when the server's workers answer with different versions (each polls on its own), else ``{}``."""
+    served = current_app.extensions["serve.metrics"].versions_served()
+    if len(set(served) | {version}) > 1:
+        return {"versions_served": sorted(set(served) | {version}), "workers_disagree": True}
+    return {}
 
 
 def _skipped(served):

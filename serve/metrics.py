@@ -96,6 +96,25 @@ class Metrics:
         """Record that ``version`` was passed over in ``runtime`` (``reason`` is logged and shown by /readyz)."""
         self.skipped.labels(runtime, str(version)).set(1)
 
+    def versions_served(self):
+        """The model versions that live workers answer with now (serve_model at 1), ascending.
+
+        Under gunicorn every worker polls for new versions on its own, so for a moment during a
+        swap, or for good when one worker cannot load a version the others did, they differ.
+        """
+        if self.multiprocess:
+            from prometheus_client import multiprocess
+
+            registry = CollectorRegistry()
+            multiprocess.MultiProcessCollector(registry)
+        else:
+            registry = self._registry
+        versions = set()
+        for metric in registry.collect():
+            if metric.name == "serve_model":
+                versions.update(int(s.labels["version"]) for s in metric.samples if s.value == 1 and s.labels.get("version"))
+        return sorted(versions)
+
     def exposition(self):
         """``(body, content type)`` for ``GET /metrics``."""
         if self.multiprocess:

@@ -512,3 +512,29 @@ def test_a_low_top_probability_is_said_as_not_sure():
     assert page.status_code == 200
     assert re.search(r'data-testid="not-sure">not sure: deer or cat<', html), html[-800:]
     assert 'data-testid="label"' not in html
+
+
+def test_readyz_says_when_workers_answer_with_different_versions(tmp_path):
+    """Two worker processes that set serve_model to versions 1 and 2 in one multiprocess directory: /readyz names both."""
+    import subprocess
+    import sys
+
+    script = ("import sys; from serve.metrics import Metrics; "
+              "Metrics(multiprocess=True).model_loaded('litert', int(sys.argv[1]))")
+    env = {**os.environ, "PROMETHEUS_MULTIPROC_DIR": str(tmp_path)}
+    for version in ("1", "2"):
+        subprocess.run([sys.executable, "-c", script, version], env=env, check=True, timeout=120)
+    probe = ("import json, sys; from serve.metrics import Metrics; print(json.dumps(Metrics(multiprocess=True).versions_served()))")
+    both = subprocess.run([sys.executable, "-c", probe], env=env, check=True, timeout=120, capture_output=True, text=True)
+    assert json.loads(both.stdout) == [1, 2]
+    for path in tmp_path.iterdir():
+        if path.name.startswith("gauge_livemax_"):
+            path.unlink()
+            break
+    one = subprocess.run([sys.executable, "-c", probe], env=env, check=True, timeout=120, capture_output=True, text=True)
+    assert len(json.loads(one.stdout)) == 1  # a worker gone (gunicorn's child_exit marks it dead): one version left
+
+
+def test_readyz_of_one_worker_names_no_disagreement(client):
+    ready = client.get("/readyz").get_json()
+    assert ready["status"] == "ready" and "workers_disagree" not in ready
