@@ -65,3 +65,19 @@ def live_server(model_base):
     process, url = start_server(model_base)
     yield url
     stop_server(process)
+
+
+def access_messages(text):
+    """The lines of gunicorn's access log ``text`` as its access-log format wrote them, whatever SERVE_LOG_FORMAT
+    wrapped them in (a JSON line carries the line as its ``message``)."""
+    import json
+
+    messages = []
+    for line in text.splitlines():
+        if line.startswith("{"):
+            try:
+                line = json.loads(line).get("message", line)
+            except ValueError:
+                pass
+        messages.append(line)
+    return messages

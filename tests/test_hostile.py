@@ -27,7 +27,7 @@ import requests
 from PIL import Image
 
 import synthetic
-from live_server import start_server, stop_server
+from live_server import access_messages, start_server, stop_server
 
 FORMATS = ("PNG", "JPEG", "GIF", "BMP", "WEBP")
 #: Values for the URL arguments of the routes found in the app.
@@ -631,6 +631,7 @@ def test_the_server_is_unharmed(hostile_server, image):
     assert response.status_code == 200
     assert _children(hostile_server["process"].pid) == hostile_server["workers"]
     access = (hostile_server["logs"] / "access.log").read_text()[hostile_server["access_from"] :]
+    access = "\n".join(access_messages(access))
     statuses = [int(s) for s in re.findall(r'HTTP/1\.[01]" (\d{3}) ', access)]
     assert statuses and 200 in statuses
     assert not [s for s in statuses if s >= 500], access[-3000:]

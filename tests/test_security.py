@@ -26,7 +26,7 @@ import requests
 from prometheus_client.parser import text_string_to_metric_families
 
 import synthetic
-from live_server import free_port, live_server, start_server, stop_server  # noqa: F401  (live_server: a fixture)
+from live_server import access_messages, free_port, live_server, start_server, stop_server  # noqa: F401  (live_server: a fixture)
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 REDIS_SERVER = shutil.which("redis-server")
@@ -602,7 +602,7 @@ def test_redis_limit_is_shared_by_two_workers(shared, redis_url):
         # the count is one for both whichever answered, so more rounds only add 429s.
         while len(workers) < 2 and time.monotonic() < deadline:
             statuses += pool.map(one, range(16))
-            lines = (shared.logs / "access.log").read_text().splitlines()
+            lines = access_messages((shared.logs / "access.log").read_text())
             workers = {line.split()[0] for line in lines if line.endswith("/api/v1/model")}
     assert len(workers) == 2, "one worker answered everything; the test proves nothing"
     assert statuses.count(200) == SHARED_LIMIT  # one count for both workers, not one each
