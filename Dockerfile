@@ -33,7 +33,7 @@ COPY ${LOCK} ./requirements.txt
 RUN pip install --no-cache-dir --require-hashes -r requirements.txt
 # Then the project alone, resolving nothing: only what the install needs, the project metadata
 # (README.md is its readme) and the packages the server imports (contract, the vendored TF Serving
-# protos, serve); tests/test_deploy.py checks that serve/ imports nothing else. "./" is spelled so hadolint
+# protos, serve); tests/deploy/test_deploy.py checks that serve/ imports nothing else. "./" is spelled so hadolint
 # sees a local path, not an unpinned package from an index.
 COPY pyproject.toml README.md ./
 COPY contract ./contract

@@ -12,7 +12,7 @@ which holds every other extra but ``tpu`` and ``gpu``) is resolved first and con
 file, so a package has the same version in every lock. The build backend (``[build-system]
 requires``) is locked into each file too, so ``pip install --no-build-isolation --no-deps -e .``
 after the lock downloads nothing unpinned. Each file starts with a digest of pyproject.toml's
-dependency tables; tests/test_lock.py fails when it is stale or when a pin does not satisfy a
+dependency tables; tests/project/test_lock.py fails when it is stale or when a pin does not satisfy a
 requirement.
 
 Two installs need more than an extra, and their locks live in ``requirements/scripts/`` (made last,

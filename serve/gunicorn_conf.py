@@ -69,7 +69,7 @@ def post_worker_init(worker):
     # gunicorn answers requests it cannot parse (400, 414, 431...) itself, in HTML, before any
     # WSGI app or middleware sees them, and has no setting, hook or documented way to change that
     # page: replacing util.write_error, which its workers call for it, is the only way. Every
-    # other error of this server is JSON, so these are too (tests/test_hostile.py checks each).
+    # other error of this server is JSON, so these are too (tests/serve/test_hostile.py checks each).
     from gunicorn import util
 
     util.write_error = _write_json_error

@@ -1,7 +1,7 @@
 """The server's configuration: every environment variable it reads, parsed and checked in one place.
 
 The variables, their defaults and what each does are listed in the configuration and security
-tables of ``serve/README.md`` (``tests/test_settings_docs.py`` keeps that list and :class:`Settings`
+tables of ``serve/README.md`` (``tests/serve/test_settings_docs.py`` keeps that list and :class:`Settings`
 in step). :meth:`Settings.from_env` reads them all at once and refuses a bad value with one line
 naming the variable; ``create_app``, ``serve/gunicorn_conf.py`` and ``python -m serve`` all start
 from it, so a value that would break a request later stops the start instead.

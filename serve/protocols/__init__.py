@@ -2,7 +2,7 @@
 
 Each module translates its requests into calls on the service and the service's typed answers
 (or its one :class:`~serve.core.errors.ServeError`) back into its wire format, and nothing else:
-no protocol imports a backend, a runtime, the batcher or the decoder (``tests/test_layering.py``).
+no protocol imports a backend, a runtime, the batcher or the decoder (``tests/project/test_layering.py``).
 
 * :mod:`~serve.protocols.web`: the upload form (``/``);
 * :mod:`~serve.protocols.api`: the JSON API (``/api/v1``);

@@ -10,7 +10,7 @@ import pytest
 
 from train import hardware, quiet
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 def _pci(root, *vendors):

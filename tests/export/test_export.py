@@ -412,7 +412,7 @@ def test_read_only_model_dir_is_one_line(trained_run, tmp_path):
         child = subprocess.run(
             [sys.executable, "-c", _WITHOUT_ROOT_POWERS, _EXPORT_CAPTURING_STDERR,
              "--run", str(trained_run), "--model-dir", str(models)],
-            cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+            cwd=os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))),
             env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"}, capture_output=True, text=True, timeout=600,
         )
     finally:

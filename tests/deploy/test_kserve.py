@@ -1,6 +1,6 @@
 """Checks of the KServe manifests in deploy/kserve/, offline: no cluster runs where these tests do.
 
-Every kustomization is rendered with ``kubectl kustomize`` (as tests/test_k8s.py renders deploy/k8s/),
+Every kustomization is rendered with ``kubectl kustomize`` (as tests/deploy/test_k8s.py renders deploy/k8s/),
 and what comes out is:
 
 * valid, strictly (no unknown field), against the KServe CRD schemas vendored in
@@ -35,7 +35,7 @@ from urllib.parse import urlsplit
 import pytest
 import yaml
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 KSERVE = ROOT / "deploy" / "kserve"
 K8S = ROOT / "deploy" / "k8s"
 SCHEMAS = KSERVE / "schemas"
@@ -44,7 +44,7 @@ BIN = Path(sys.executable).parent
 TARGETS = ["custom", "tfserving", "knative", "canary"]
 #: What these manifests are checked against from deploy/k8s.
 K8S_TARGETS = ["overlays/local", "overlays/tfserving", "storage", "training/export"]
-OLDEST_K8S = "1.31.0"  # as tests/test_k8s.py
+OLDEST_K8S = "1.31.0"  # as tests/deploy/test_k8s.py
 NAMESPACE = "cifar"
 
 # KServe v0.20.0 (pkg/constants/constants.go, pkg/apis/serving/v1beta1/*_validation.go).

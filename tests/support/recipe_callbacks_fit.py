@@ -1,13 +1,13 @@
 """A small fit with airbench's optimizer, rate and between-step callbacks, run the same way under either Keras backend.
 
-``python tests/recipe_callbacks_fit.py OUT.npz`` (with KERAS_BACKEND set) saves the final weights;
-tests/test_airbench.py compares the backends. Under JAX it trains data parallel over every device.
+``python tests/support/recipe_callbacks_fit.py OUT.npz`` (with KERAS_BACKEND set) saves the final weights;
+tests/train/test_airbench.py compares the backends. Under JAX it trains data parallel over every device.
 """
 
 import os
 import sys
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 
 import keras  # noqa: E402
 import numpy as np  # noqa: E402

@@ -10,7 +10,7 @@ import pytest
 import synthetic
 from train import cli
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 NOTEBOOK = os.path.join(REPO, "notebooks", "train_on_tpu.ipynb")
 
 

@@ -33,7 +33,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 K8S = ROOT / "deploy" / "k8s"
 BIN = Path(sys.executable).parent
 
@@ -801,7 +801,7 @@ def test_training_build_context_holds_the_sources_and_nothing_else():
     sources += [str(p.relative_to(ROOT)) for pkg in ("train", "export") for p in (ROOT / pkg).rglob("*.py") if "__pycache__" not in p.parts]
     assert all(dockerignore_keeps(ignore, s) for s in sources), [s for s in sources if not dockerignore_keeps(ignore, s)]
     for path in (".venv/bin/python", "runs/seed/model.weights.h5", "models/cifar10/1/saved_model.pb", ".git/HEAD",
-                 "train/__pycache__/trainer.cpython-311.pyc", "serve/__init__.py", "tests/test_k8s.py"):
+                 "train/__pycache__/trainer.cpython-311.pyc", "serve/__init__.py", "tests/deploy/test_k8s.py"):
         assert not dockerignore_keeps(ignore, path), path
 
 

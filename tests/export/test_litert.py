@@ -16,6 +16,7 @@ import requests
 import contract
 import synthetic
 from live_server import start_server, stop_server
+from runs import copy_run
 
 RUNTIMES = ("litert", "litert-int8", "savedmodel")
 
@@ -43,14 +44,6 @@ def litert_outputs(path, images):
 
     runner = Interpreter(model_path=str(path)).get_signature_runner(contract.SIGNATURE_PIXELS)
     return runner(images=images)
-
-
-def copy_run(trained_run, to):
-    """The files export reads from a run, copied so a test can change them."""
-    to.mkdir()
-    for name in (contract.MANIFEST_FILE, contract.WEIGHTS_FILE, contract.SAMPLES_FILE, contract.HOLDOUT_FILE):
-        shutil.copy(trained_run / name, to / name)
-    return to
 
 
 # -- export ---------------------------------------------------------------------------------

@@ -1,6 +1,6 @@
 """``python -m train`` for the multi-process tests, with two test hooks around the trainer's callbacks.
 
-Run as ``python tests/multiprocess_worker.py DIGESTS STOP_AFTER [train flags...]``:
+Run as ``python tests/support/multiprocess_worker.py DIGESTS STOP_AFTER [train flags...]``:
 
 * after every epoch each process appends ``EPOCH SHA256`` of its model and optimizer variables
   to ``DIGESTS/process-N.txt`` (after the backup is written: it is the last callback);

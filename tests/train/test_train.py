@@ -12,7 +12,7 @@ import synthetic
 from contract import MANIFEST_FILE, WEIGHTS_FILE
 from train import cli, data, hardware, models, report, tf_devices, trainer
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 # --- the models -------------------------------------------------------------------------

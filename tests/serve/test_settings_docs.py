@@ -5,7 +5,7 @@ import ast
 import re
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 README = ROOT / "serve" / "README.md"
 #: The one module that reads the server's environment.
 READER = "serve/settings.py"

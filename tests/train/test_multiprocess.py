@@ -1,6 +1,6 @@
 """Multi-process JAX training on this CPU: processes joined by ``keras.distribution.initialize()``.
 
-Each process is ``python -m train`` (through ``tests/multiprocess_worker.py``, which adds a digest
+Each process is ``python -m train`` (through ``tests/support/multiprocess_worker.py``, which adds a digest
 of every process's variables after each epoch) with ``KERAS_DISTRIBUTION_*`` set as the
 Kubernetes Jobs set them. Every wait is on a process or a file, with a generous deadline.
 """
@@ -19,8 +19,8 @@ import pytest
 import synthetic
 from contract import MANIFEST_FILE, WEIGHTS_FILE
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-WORKER = os.path.join(REPO, "tests", "multiprocess_worker.py")
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+WORKER = os.path.join(REPO, "tests", "support", "multiprocess_worker.py")
 GLOBAL_BATCH = 16
 EPOCHS = 3
 DEADLINE_S = 900  # a whole run on a loaded 2-core machine; never reached when all is well

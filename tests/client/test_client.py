@@ -13,7 +13,7 @@ from client import cli, transports
 from live_server import free_port, live_server  # noqa: F401  (imported for its fixture)
 from tfserving_standin import tfserving  # noqa: F401  (imported for its fixture)
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 VIAS = ("api", "tfserving-rest", "tfserving-grpc", "v2")
 
 

@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 SCRIPT = os.path.join(ROOT, "bench", "seed_summary.py")
 NAMES = [f"test/{cls}/{i:04d}.png" for cls in ("cat", "dog") for i in range(50)]
 

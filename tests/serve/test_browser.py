@@ -9,7 +9,7 @@ import synthetic
 from live_server import live_server  # noqa: F401  (imported for its fixture)
 
 CHROMIUM = "/usr/bin/chromium"
-ARTIFACTS = pathlib.Path(__file__).resolve().parent.parent / "test-artifacts"
+ARTIFACTS = pathlib.Path(__file__).resolve().parents[2] / "test-artifacts"
 
 pytestmark = pytest.mark.skipif(
     not os.path.exists(CHROMIUM), reason=f"{CHROMIUM} is not installed (apt-get install chromium)"
@@ -76,7 +76,7 @@ def test_form_says_none_of_the_classes_for_a_foreign_image(live_server, tmp_path
     import numpy as np
     from playwright.sync_api import sync_playwright
 
-    # As tests/test_confidence.py's: within the training images' brightness (see why there).
+    # As tests/export/test_confidence.py's: within the training images' brightness (see why there).
     noise = np.clip(np.random.default_rng(4).normal(128, 30, (32, 32, 3)), 0, 255).astype(np.uint8)
     foreign = [np.full((32, 32, 3), 128, np.uint8), noise]
     own = synthetic.make_images(1, seed=9)[0][:1]

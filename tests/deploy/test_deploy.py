@@ -24,7 +24,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 #: The serve package's documented start command (serve/ and docs/deploy.md).
 SERVE_COMMAND = ["gunicorn", "-c", "python:serve.gunicorn_conf", "serve:create_app()"]
@@ -352,7 +352,7 @@ def dockerignore_excludes(relative):
 @pytest.mark.parametrize(
     "path",
     [".venv/bin/python", "runs/seed_cnn/model.weights.h5", "serve/__pycache__/app.cpython-311.pyc", ".git/HEAD",
-     "models/cifar10/.export-2-abc123/saved_model.pb", "tests/test_deploy.py", ".pytest_cache/v"],
+     "models/cifar10/.export-2-abc123/saved_model.pb", "tests/deploy/test_deploy.py", ".pytest_cache/v"],
 )
 def test_dockerignore_keeps_out(path):
     assert dockerignore_excludes(path)

@@ -4,7 +4,7 @@ tfs_protos <- serve, client; nothing imports bench/ or tests/. Read from the sou
 import ast
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 OURS = ("contract", "tfs_protos", "train", "export", "serve", "client", "bench", "tests")
 #: What each shipped package may import of ours, itself included.
 ALLOWED = {
@@ -82,3 +82,20 @@ def test_the_serve_scan_sees_what_it_forbids():
     """The scan finds the decoder in the core and the batcher in the local backend, or it proves nothing."""
     assert "serve.core.decode" in imported_modules(ROOT / "serve" / "core" / "service.py")
     assert "serve.backends.batcher" in imported_modules(ROOT / "serve" / "backends" / "local.py")
+
+
+def test_no_test_module_imports_another():
+    """Tests share helpers through tests/support/, never by importing one another's test modules."""
+    wrong = {}
+    for path in sorted((ROOT / "tests").rglob("test_*.py")):
+        imported = {name.split(".")[-1] for name in imported_modules(path)}
+        if any(name.startswith("test_") for name in imported):
+            wrong[str(path.relative_to(ROOT))] = sorted(n for n in imported if n.startswith("test_"))
+    assert not wrong, wrong
+
+
+def test_the_tests_are_arranged_by_stage():
+    stages = {"train", "export", "serve", "client", "deploy", "project"}
+    flat = sorted(p.name for p in (ROOT / "tests").glob("test_*.py"))
+    assert not flat, f"tests outside a stage folder: {flat}"
+    assert {p.parent.name for p in (ROOT / "tests").rglob("test_*.py")} <= stages

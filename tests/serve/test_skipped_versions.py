@@ -7,7 +7,7 @@ import os
 import shutil
 
 import contract
-from test_litert import copy_run
+from runs import copy_run
 
 
 def test_export_fails_when_the_default_runtimes_model_is_refused(trained_run, tmp_path, monkeypatch, capsys):

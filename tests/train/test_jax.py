@@ -15,7 +15,7 @@ import pytest
 import synthetic
 from contract import MANIFEST_FILE, SAMPLES_FILE, WEIGHTS_FILE
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 HOST_DEVICES = 8
 # Predictions of the trained model, computed under JAX from the saved weights alone.
 JAX_PREDICT = """
