@@ -63,6 +63,13 @@ def create_app(config=None, backend=None):
     @app.before_request
     def _start_timer():
         g.serve_started = time.perf_counter()
+        app_metrics.in_flight.inc()
+        g.serve_in_flight = True
+
+    @app.teardown_request
+    def _done(_error):
+        if g.pop("serve_in_flight", False):
+            app_metrics.in_flight.dec()
 
     @app.after_request
     def _observe(response):

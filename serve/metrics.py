@@ -45,6 +45,12 @@ class Metrics:
             "Versions newer than the one answering that this worker passed over (1: skipped; /readyz says why).",
             ["runtime", "version"], multiprocess_mode="livemax", **kw,
         )
+        # What an autoscaler scales on (deploy/k8s/base/hpa.yaml, through prometheus-adapter): summed over
+        # the live workers of a pod.
+        self.in_flight = Gauge("serve_in_flight_requests", "HTTP requests being answered now.",
+                               multiprocess_mode="livesum", **kw)
+        self.queued = Gauge("serve_queue_images", "Images waiting for (or in) a model call of the local backend now.",
+                            multiprocess_mode="livesum", **kw)
         self.shed = Counter(
             "serve_shed", "Requests answered 503 with Retry-After because the worker was full: queue_full (SERVE_MAX_QUEUE) "
             "or timeout (SERVE_PREDICT_TIMEOUT_S).", ["reason"], **kw,

@@ -43,7 +43,7 @@ class Batcher:
     than it can answer sheds it instead of letting every request wait.
     """
 
-    def __init__(self, fn, max_batch=32, max_wait_s=0.002, on_batch=None, max_queue=None, timeout_s=None):
+    def __init__(self, fn, max_batch=32, max_wait_s=0.002, on_batch=None, max_queue=None, timeout_s=None, on_waiting=None):
         self._fn = fn
         self.max_batch = max(1, int(max_batch))
         self.max_wait_s = max(0.0, float(max_wait_s))
@@ -51,6 +51,7 @@ class Batcher:
         self.timeout_s = timeout_s
         self._waiting = 0  # images queued or running, over every request
         self._counting = threading.Lock()
+        self._on_waiting = on_waiting  # on_waiting(images): the count after each change (a gauge)
         self._on_batch = on_batch
         self._queue = queue.Queue()
         self._running = threading.Lock()  # held during every model call, inline or batched
@@ -67,6 +68,7 @@ class Batcher:
         finally:
             with self._counting:
                 self._waiting -= len(images)
+                self._tell(self._waiting)
 
     def _admit(self, count):
         with self._counting:
@@ -74,6 +76,14 @@ class Batcher:
                 raise Overloaded(f"{self._waiting} images are already waiting for the model; this worker queues at most "
                                  f"{self.max_queue} (SERVE_MAX_QUEUE)")
             self._waiting += count
+            self._tell(self._waiting)
+
+    def _tell(self, waiting):
+        if self._on_waiting is not None:
+            try:
+                self._on_waiting(waiting)
+            except Exception:  # nosec B110  # a failing metrics hook must never fail a request
+                pass
 
     @property
     def waiting(self):

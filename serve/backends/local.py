@@ -31,7 +31,7 @@ class LocalBackend:
     kind = "local"
 
     def __init__(self, model_dir, name, runtime, *, max_batch, batch_wait_ms, poll_s, threads=None, on_batch=None,
-                 on_load=None, on_skip=None, max_queue=None, timeout_s=None):
+                 on_load=None, on_skip=None, max_queue=None, timeout_s=None, on_waiting=None):
         self.model_dir = str(model_dir)
         self.name = name
         self.runtime = runtimes.check(runtime)
@@ -48,7 +48,7 @@ class LocalBackend:
         self._max_batch = max_batch
         self._wait_s = batch_wait_ms / 1000.0
         self._on_batch = on_batch
-        self._max_queue, self._timeout_s = max_queue, timeout_s
+        self._max_queue, self._timeout_s, self._on_waiting = max_queue, timeout_s, on_waiting
         self._lock = threading.Lock()
         self._state = None  # a _Loaded once loaded
         self._error = None
@@ -176,7 +176,7 @@ class LocalBackend:
         info = ModelInfo.build(self.name, version, model.signature_defs, published.manifest(path), versions=(version,),
                                runtime=self.runtime)
         batcher = Batcher(model.pixels, max_batch=self._max_batch, max_wait_s=self._wait_s, on_batch=self._on_batch,
-                          max_queue=self._max_queue, timeout_s=self._timeout_s)
+                          max_queue=self._max_queue, timeout_s=self._timeout_s, on_waiting=self._on_waiting)
         return _Loaded(version, model, batcher, info)
 
     def _loaded(self, state):

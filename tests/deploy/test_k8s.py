@@ -41,7 +41,7 @@ BIN = Path(sys.executable).parent
 TARGETS = [
     "storage", "shell", "overlays/local", "overlays/tfserving",
     "training/tensorflow", "training/jax", "training/tpu-v5e", "training/tpu-v6e", "training/tpu-v5e-16",
-    "training/export",
+    "training/export", "monitoring",
 ]
 PARTS = {"base", "training/common"}
 SERVING = ["overlays/local", "overlays/tfserving"]
@@ -202,8 +202,10 @@ def test_policy_scan_finds_nothing_unexplained(checkov_report, rendered):
 
 def test_everything_lives_in_one_namespace_and_is_labelled(rendered):
     for target, resources in rendered.items():
+        # prometheus-adapter's rules live beside the adapter, in its namespace.
+        namespace = "monitoring" if target == "monitoring" else "cifar"
         for r in resources:
-            assert r["metadata"].get("namespace") == "cifar", f"{target}: {r['kind']}/{r['metadata']['name']}"
+            assert r["metadata"].get("namespace") == namespace, f"{target}: {r['kind']}/{r['metadata']['name']}"
             assert r["metadata"]["labels"]["app.kubernetes.io/part-of"] == "cifar-tpu-pipeline"
 
 
