@@ -390,17 +390,22 @@ def _wait_for_version(client, version, what):
         time.sleep(0.1)
 
 
-def test_a_version_that_failed_to_load_is_tried_again(model_base, tmp_path, monkeypatch):
+def _polling_copy(model_base, tmp_path):
+    """``(models, backend, client)``: an app over a copy of ``model_base`` that polls for versions every 50 ms."""
     from serve import create_app
-    from serve.backends import local
 
-    monkeypatch.setattr(local, "RETRY_FIRST_S", 0.2)
     models = tmp_path / "cifar10"
     shutil.copytree(model_base, models)
     app = create_app({"TESTING": True, "MODEL_DIR": str(models), "MODEL_POLL_S": 0.05})
-    backend = app.extensions["serve.backend"]
-    backend.wait_loaded()
-    client = app.test_client()
+    app.extensions["serve.backend"].wait_loaded()
+    return models, app.extensions["serve.backend"], app.test_client()
+
+
+def test_a_version_that_failed_to_load_is_tried_again(model_base, tmp_path, monkeypatch):
+    from serve.backends import local
+
+    monkeypatch.setattr(local, "RETRY_FIRST_S", 0.2)
+    models, backend, client = _polling_copy(model_base, tmp_path)
     try:
         shutil.copytree(models / "1", models / ".incoming")
         (models / ".incoming" / contract.LITERT_FILE).write_bytes(b"not a model")  # an NFS blip, a half-written file
@@ -420,15 +425,8 @@ def test_a_version_that_failed_to_load_is_tried_again(model_base, tmp_path, monk
 def test_a_version_without_its_manifest_waits_for_it(model_base, tmp_path, caplog):
     import logging
 
-    from serve import create_app
-
     caplog.set_level(logging.INFO, logger="serve.backends.local")
-    models = tmp_path / "cifar10"
-    shutil.copytree(model_base, models)
-    app = create_app({"TESTING": True, "MODEL_DIR": str(models), "MODEL_POLL_S": 0.05})
-    backend = app.extensions["serve.backend"]
-    backend.wait_loaded()
-    client = app.test_client()
+    models, backend, client = _polling_copy(model_base, tmp_path)
     try:
         shutil.copytree(models / "1", models / "2", ignore=shutil.ignore_patterns(contract.MANIFEST_FILE))
         deadline = time.monotonic() + 60
