@@ -28,7 +28,8 @@ import tempfile
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 PACKAGE = "tfs_protos"
-#: Where the vendored definitions come from; recorded in SOURCE_VERSION when re-vendored.
+#: Where the vendored definitions come from; recorded in SOURCE_VERSION's first line when re-vendored
+#: (the lines after it name the sources of the files vendored by hand, which --vendor leaves alone).
 SOURCE = "tensorflow-serving-api 2.21.0 / tensorflow 2.21.0"
 #: The files the client and the server use; everything they import comes along.
 ROOTS = (
@@ -274,8 +275,11 @@ def vendor(site_packages):
             _normalise(fd)
         if again != original:
             raise SystemExit(f"{name}: the reconstructed .proto does not compile to the original descriptor")
-    with open(os.path.join(HERE, "SOURCE_VERSION"), "w") as f:
-        f.write(SOURCE + "\n")
+    path = os.path.join(HERE, "SOURCE_VERSION")
+    with open(path) as f:
+        by_hand = f.read().splitlines()[1:]  # the lines of the files vendored by hand (their .proto says how)
+    with open(path, "w") as f:
+        f.write("\n".join([SOURCE, *by_hand]) + "\n")
     print(f"vendored {len(found)} .proto files from {site_packages}; all round-trip to the original descriptors")
     return sorted(found)
 
