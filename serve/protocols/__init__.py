@@ -8,7 +8,8 @@ no protocol imports a backend, a runtime, the batcher or the decoder (``tests/pr
 * :mod:`~serve.protocols.api`: the JSON API (``/api/v1``);
 * :mod:`~serve.protocols.tfserving_rest`: TF Serving's REST API (``/v1/models``);
 * :mod:`~serve.protocols.v2_rest`: the Open Inference Protocol over HTTP (``/v2``);
-* :mod:`~serve.protocols.tfserving_grpc`: TF Serving's gRPC API and gRPC health, on ``GRPC_PORT`` in each worker.
+* :mod:`~serve.protocols.tfserving_grpc`: TF Serving's gRPC API and gRPC health, on ``GRPC_PORT`` in each worker;
+* :mod:`~serve.protocols.v2_grpc`: the Open Inference Protocol over gRPC, on the same server.
 
 A new protocol is one more module here that calls the service (docs/serving.md).
 """

@@ -75,7 +75,8 @@ CODES = {
 #: Methods that need no API key, like ``/healthz`` and ``/readyz``: a kubelet's probe sends none.
 OPEN_METHODS = ("/grpc.health.v1.Health/",)
 #: What the health service answers for: the whole server (""), and each service by name.
-HEALTH_SERVICES = ("", "tensorflow.serving.PredictionService", "tensorflow.serving.ModelService")
+HEALTH_SERVICES = ("", "tensorflow.serving.PredictionService", "tensorflow.serving.ModelService",
+                   "inference.GRPCInferenceService")
 #: Seconds between a ``Watch`` stream's looks at readiness (a probe runs at most once a second anyway).
 WATCH_INTERVAL_S = 1.0
 #: ``Watch`` streams one worker keeps open at once: each holds a server thread.
@@ -458,6 +459,9 @@ def make_server(app, address, threads=16, reuse_port=True):
     prediction_service_pb2_grpc.add_PredictionServiceServicer_to_server(PredictionService(service, settings.max_upload_bytes), server)
     model_service_pb2_grpc.add_ModelServiceServicer_to_server(ModelService(service), server)
     health_pb2_grpc.add_HealthServicer_to_server(HealthService(app.extensions["serve.readiness"]), server)
+    from serve.protocols import v2_grpc  # here: it imports this module (the error edge)
+
+    v2_grpc.add_to_server(server, app)  # the Open Inference Protocol on the same port, guard and limits
     port = server.add_insecure_port(address)
     if not port:
         raise RuntimeError(f"could not bind gRPC to {address}")

@@ -34,11 +34,15 @@ bp.register_error_handler(ServeError, json_error)
 
 @bp.get("")
 def server_metadata():
+    return jsonify(name=SERVER_NAME, version=server_version(), extensions=list(EXTENSIONS))
+
+
+def server_version():
+    """This server's package version, as the protocol's server metadata names it (HTTP and gRPC)."""
     try:
-        version = importlib.metadata.version(SERVER_NAME)
+        return importlib.metadata.version(SERVER_NAME)
     except importlib.metadata.PackageNotFoundError:  # run from a checkout that was never installed
-        version = "unknown"
-    return jsonify(name=SERVER_NAME, version=version, extensions=list(EXTENSIONS))
+        return "unknown"
 
 
 @bp.get("/health/live")
@@ -67,16 +71,20 @@ def _probe():
 @bp.get("/models/<name>")
 @bp.get("/models/<name>/versions/<version>")
 def model_metadata(name, version=None):
-    info = service().model(name, version)
+    return jsonify(metadata(name, service().model(name, version)))
+
+
+def metadata(name, info):
+    """A model's metadata as the protocol describes it (HTTP and gRPC): versions, platform, inputs, outputs."""
     runtime = info.runtime  # the local backend's (litert, litert-int8, savedmodel); none for TF Serving
-    return jsonify(
-        name=name,
-        versions=[str(v) for v in info.versions],
-        platform=SAVEDMODEL_PLATFORM if runtime in (None, "savedmodel") else runtime,
-        inputs=[tensor(key, datatype, shape) for key, (datatype, shape) in INPUTS.items()],
-        outputs=[tensor(key, DATATYPES[key], [-1, info.num_classes] if key == OUTPUT_PROBABILITIES else [-1])
-                 for key in info.outputs],
-    )
+    return {
+        "name": name,
+        "versions": [str(v) for v in info.versions],
+        "platform": SAVEDMODEL_PLATFORM if runtime in (None, "savedmodel") else runtime,
+        "inputs": [tensor(key, datatype, shape) for key, (datatype, shape) in INPUTS.items()],
+        "outputs": [tensor(key, DATATYPES[key], [-1, info.num_classes] if key == OUTPUT_PROBABILITIES else [-1])
+                    for key in info.outputs],
+    }
 
 
 @bp.post("/models/<name>/infer")
