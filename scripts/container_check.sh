@@ -116,7 +116,7 @@ say "training and exporting a small seed_cnn on synthetic images"
 TF_CPP_MIN_LOG_LEVEL=2 MODEL_WORK="$WORK" "$PYTHON" - <<'PY'
 import json, os, sys
 
-sys.path.insert(0, "tests")  # synthetic.py: the tests' small three-class images
+sys.path.insert(0, "tests/support")  # synthetic.py: the tests' small three-class images
 import synthetic
 from train import quiet
 
