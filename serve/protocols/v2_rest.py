@@ -94,7 +94,7 @@ def infer(name, version=None):
     payload, binary = read_body()
     pixels = read_input(payload, Binary(binary))
     wanted = requested_outputs(payload, info.outputs)
-    answer = service().infer(pixels, name, version)  # names the version that answered, across a swap too
+    answer = service().infer(pixels, version=version, info=info)  # routed and counted above; names the version that answered
     tensors = output_tensors(answer.model, answer.outputs)
     response = {"model_name": name, "model_version": str(answer.version), "outputs": []}
     if "id" in payload:
