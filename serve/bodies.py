@@ -3,15 +3,15 @@
 Two ways a body used to end as a 500, closed here for every route, present and future, by
 :func:`init_app`:
 
-* **JSON nested too deeply.** ``json.loads`` raises ``RecursionError``, not ``ValueError``, on
-  a body nested deeper than the interpreter's recursion limit (``[[[[...]]]]`` 100,000 levels
-  deep is only 200 kB), and Flask's ``request.get_json`` turns only ``ValueError`` into "bad
-  JSON". The app's JSON provider raises ``ValueError`` instead, so ``get_json(silent=True)``
-  returns ``None`` and ``get_json()`` answers 400, as for any other malformed body
-  (:func:`request_json` also says why: the routes here use it). A route that calls
-  ``json.loads`` itself (better: ``flask.json.loads``, the provider's) is covered by an
-  app-wide handler that answers 400 for a ``RecursionError`` raised inside the ``json``
-  package; one raised anywhere else is a bug in the server and stays a 500.
+* **JSON nested too deeply.** Python's ``json.loads`` raises ``RecursionError``, not
+  ``ValueError``, on a body nested deeper than the interpreter's recursion limit (``[[[[...]]]]``
+  100,000 levels deep is only 200 kB), and Flask's ``request.get_json`` turns only ``ValueError``
+  into "bad JSON". The app's JSON provider (orjson) stops at 1,024 levels with a ``ValueError``, so
+  ``get_json(silent=True)`` returns ``None`` and ``get_json()`` answers 400, as for any other
+  malformed body (:func:`request_json` also says why: the routes here use it). A route that calls
+  the standard ``json.loads`` itself (better: ``flask.json.loads``, the provider's) is covered by an
+  app-wide handler that answers 400 for a ``RecursionError`` raised inside the ``json`` package;
+  one raised anywhere else is a bug in the server and stays a 500.
 * **A body the server cannot read**: a chunked body with a broken chunk, a client that
   vanished mid-body. gunicorn's reader raises its own exceptions from ``wsgi.input``; the
   input is wrapped so that any of them becomes werkzeug's ``BadRequest``, which the app's
@@ -33,10 +33,13 @@ import os
 import socket
 import time
 
+import orjson
+
 from flask import current_app, jsonify, request
 from flask.json.provider import DefaultJSONProvider
 from werkzeug.exceptions import BadRequest, HTTPException
 
+from serve import json_tensors
 from serve.core.errors import ServeError
 
 NESTED_TOO_DEEPLY = "nested too deeply"
@@ -48,29 +51,56 @@ _JSON_PACKAGE = os.path.dirname(json.__file__) + os.sep
 
 
 class JSONProvider(DefaultJSONProvider):
-    """Flask's default provider, keys in insertion order; deep nesting and ``NaN``/``Infinity`` a ``ValueError``.
+    """Flask's JSON provider on orjson: keys in insertion order, strict RFC 8259, deep nesting a ``ValueError``.
 
-    Python's ``json`` reads ``NaN``, ``Infinity`` and ``-Infinity``, which are not JSON (RFC 8259):
-    a value read from them would be echoed into answers that JavaScript and Go clients cannot parse.
+    orjson reads and writes JSON several times faster than the standard ``json`` (a 64-image
+    ``instances`` body is about 200,000 integers; docs/benchmarks.md). It reads only JSON: ``NaN``
+    and ``Infinity``, which Python's ``json`` accepts and would echo into answers that JavaScript and
+    Go clients cannot parse, a lone surrogate and nesting deeper than 1,024 levels are each a
+    ``ValueError`` (``orjson.JSONDecodeError``), which Flask's ``get_json`` and :func:`request_json`
+    answer with a 400. A non-finite float in an answer is written as ``null``.
     """
 
     sort_keys = False
 
     def loads(self, s, **kwargs):
-        kwargs.setdefault("parse_constant", _not_json)
         try:
-            return super().loads(s, **kwargs)
-        except RecursionError:
-            raise ValueError(NESTED_TOO_DEEPLY) from None
+            return orjson.loads(s)
+        except orjson.JSONDecodeError as e:
+            constant = _constant_at(e.doc, e.pos)
+            if constant:
+                raise ValueError(f"{constant} is not a JSON value (JSON has no NaN or Infinity)") from None
+            raise
+
+    def dumps(self, obj, **kwargs):
+        return orjson.dumps(obj, default=_default).decode()
+
+    def response(self, *args, **kwargs):
+        obj = self._prepare_response_obj(args, kwargs)
+        return self._app.response_class(orjson.dumps(obj, default=_default), mimetype=self.mimetype)
 
 
-def _not_json(constant):
-    raise ValueError(f"{constant} is not a JSON value (JSON has no NaN or Infinity)")
+def _constant_at(doc, pos):
+    """``NaN``, ``Infinity`` or ``-Infinity`` where orjson stopped in ``doc``, else None: the error then names it."""
+    rest = doc[pos : pos + 9]
+    rest = rest.decode("ascii", "replace") if isinstance(rest, (bytes, bytearray, memoryview)) else str(rest)
+    return next((c for c in ("NaN", "Infinity", "-Infinity") if rest.startswith(c)), None)
 
 
-def request_json():
-    """The request body decoded as JSON, whatever its Content-Type; a 400 :class:`ServeError` says why not."""
+def _default(value):
+    """What orjson does not write itself, as Flask's provider writes it (dates, decimals, ``__html__``)."""
+    return DefaultJSONProvider.default(value)
+
+
+def request_json(tensor=None):
+    """The request body decoded as JSON, whatever its Content-Type; a 400 :class:`ServeError` says why not.
+
+    ``tensor``: a key, or keys, whose array of integers (a batch of images' pixels) is read
+    straight into an int64 NumPy array (:mod:`serve.json_tensors`) instead of nested lists.
+    """
     try:
+        if tensor:
+            return json_tensors.loads(request.get_data(cache=True), tensor, current_app.json.loads)
         return current_app.json.loads(request.get_data(cache=True))
     except ValueError as e:
         raise ServeError(f"the body is not valid JSON ({e})") from None

@@ -72,7 +72,7 @@ def metadata(name, version=None):
 @bp.post("/<model:name>/versions/<int:version>:predict")
 def predict(name, version=None):
     info = service().model(name, version)
-    body = bodies.request_json()
+    body = bodies.request_json(tensor=("instances", "inputs"))  # a batch of pixels straight into NumPy
     if not isinstance(body, dict):
         raise ServeError("the body must be a JSON object")
     signature_name = body.get("signature_name") or SIGNATURE_PIXELS
@@ -99,9 +99,11 @@ def _is_b64(value):
 def _parse_inputs(value, row_format, signature_def):
     specs = signatures.tensor_specs(signature_def)
     if row_format:
-        if not isinstance(value, list) or not value:
+        if isinstance(value, np.ndarray) and len(specs) == 1:  # read by serve.json_tensors: rows of integers
+            columns = {next(iter(specs)): value}
+        elif not isinstance(value, list) or not value:
             raise ServeError('"instances" must be a non-empty list')
-        if all(isinstance(row, dict) and not _is_b64(row) for row in value):
+        elif all(isinstance(row, dict) and not _is_b64(row) for row in value):
             columns = {}
             for key in specs:
                 if any(key not in row for row in value):
@@ -123,7 +125,7 @@ def _parse_inputs(value, row_format, signature_def):
     else:
         raise ServeError(f"the signature takes several inputs {sorted(specs)}: give \"inputs\" as an object")
     for key in specs:  # before any conversion: a 413 costs nothing
-        if isinstance(columns[key], list):
+        if isinstance(columns[key], (list, np.ndarray)):
             service().check_count(len(columns[key]))
     return {key: _to_array(key, columns[key], specs[key][0]) for key in specs}
 
