@@ -41,185 +41,29 @@ server up to its SIGTERM.
 """
 
 import argparse
-import base64
 import collections
 import json
 import os
 import random
-import shlex
-import socket
-import statistics
-import struct
 import subprocess
 import sys
 import tempfile
 import threading
 import time
-import zipfile
-import zlib
 
 import requests
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-PREDICT = "/api/v1/predict"
+sys.path.insert(0, ROOT)
 REQUEST_TIMEOUT_S = 30
 GRACE_S = 60
 GROWTH_LIMIT = 0.10
 WINDOW_S = 10
 
-
-# -- inputs ----------------------------------------------------------------------------------
-def read_jpegs(zip_path, count):
-    """``count`` CIFAR test JPEGs (bytes), spread over the classes."""
-    with zipfile.ZipFile(zip_path) as archive:
-        names = sorted(n for n in archive.namelist() if n.startswith("test/") and n.lower().endswith((".jpg", ".jpeg")))
-        if not names:
-            raise SystemExit(f"error: no test/<class>/*.jpg images in {zip_path}")
-        step = max(1, len(names) // count)
-        return [archive.read(n) for n in names[::step][:count]]
-
-
-def _png_chunk(kind, payload):
-    return struct.pack(">I", len(payload)) + kind + payload + struct.pack(">I", zlib.crc32(kind + payload))
-
-
-def png_bomb():
-    """A 1x1 PNG whose header declares 100,000 x 100,000 pixels."""
-    header = struct.pack(">IIBBBBB", 100_000, 100_000, 8, 2, 0, 0, 0)
-    pixels = zlib.compress(b"\0\0\0\0")
-    return b"\x89PNG\r\n\x1a\n" + _png_chunk(b"IHDR", header) + _png_chunk(b"IDAT", pixels) + _png_chunk(b"IEND", b"")
-
-
-def tiff():
-    """A tiny valid TIFF (a format the server refuses with 415)."""
-    import io
-
-    from PIL import Image
-
-    buffer = io.BytesIO()
-    Image.new("RGB", (8, 8), (200, 10, 10)).save(buffer, format="TIFF")
-    return buffer.getvalue()
-
-
-def pixels(jpeg):
-    import io
-
-    import numpy as np
-    from PIL import Image
-
-    return np.asarray(Image.open(io.BytesIO(jpeg)).convert("RGB")).tolist()
-
-
-# -- the mix ----------------------------------------------------------------------------------
-class Case:
-    """One kind of request: how to send it, what it must get, how many good images it carries."""
-
-    def __init__(self, name, weight, send, status, good=0, check=None):
-        self.name, self.weight, self.send, self.status, self.good, self.check = name, weight, send, status, good, check
-
-
-def make_cases(jpegs, upload_limit_mb, max_images=256):
-    rows = {j: pixels(j) for j in jpegs[:8]}
-    bomb, refused = png_bomb(), tiff()
-    deep = b"[" * 100_000 + b"]" * 100_000
-    oversize = b"\0" * int((upload_limit_mb + 1) * 1024 * 1024)
-
-    def files(*items):
-        return {"files": [("file", item) for item in items]}
-
-    def labelled(body, good):
-        slots = body["predictions"]
-        return sum("label" in s for s in slots) == good and len(slots) >= good
-
-    return [
-        Case("1 good JPEG", 30, lambda r: ("post", PREDICT, files((f"{r.randrange(10**6)}.jpg", r.choice(jpegs)))), 200, 1,
-             lambda b: labelled(b, 1)),
-        Case("8 good JPEGs", 6, lambda r: ("post", PREDICT, files(*[(f"{i}.jpg", j) for i, j in enumerate(r.sample(jpegs, 8))])),
-             200, 8, lambda b: labelled(b, 8)),
-        Case("2 good, JSON b64", 6, lambda r: ("post", PREDICT, {"json": {"instances": [
-            {"b64": base64.b64encode(j).decode()} for j in r.sample(jpegs, 2)]}}), 200, 2, lambda b: labelled(b, 2)),
-        Case("1 good, TF Serving rows", 4, lambda r: ("post", "/v1/models/cifar10:predict", {"json": {
-            "instances": [rows[r.choice(list(rows))]]}}), 200, 1, lambda b: len(b["predictions"]) == 1),
-        Case("1 good, web form", 4, lambda r: ("post", "/", files(("form.jpg", r.choice(jpegs)))), 200, 1, None),
-        Case("2 good + text", 6, lambda r: ("post", PREDICT, files(("a.jpg", r.choice(jpegs)), ("notes.txt", b"not an image"),
-                                                                    ("b.jpg", r.choice(jpegs)))), 200, 2, lambda b: labelled(b, 2)),
-        Case("good, 5,000-char name", 2, lambda r: ("post", PREDICT, files(("n" * 4996 + ".jpg", r.choice(jpegs)))), 200, 1,
-             lambda b: labelled(b, 1)),
-        Case("text as image", 6, lambda r: ("post", PREDICT, files(("x.jpg", b"hello " * 50))), 400),
-        Case("truncated JPEG", 6, lambda r: ("post", PREDICT, files(("t.jpg", r.choice(jpegs)[:300]))), 400),
-        Case("TIFF", 3, lambda r: ("post", PREDICT, files(("x.tif", refused))), 415),
-        Case("PNG bomb", 4, lambda r: ("post", PREDICT, files(("bomb.png", bomb))), 413),
-        Case("bad base64", 3, lambda r: ("post", PREDICT, {"json": {"instances": [{"b64": "%%%"}]}}), 400),
-        Case("JSON 100,000 deep", 3, lambda r: ("post", r.choice([PREDICT, "/v1/models/cifar10:predict"]), {
-            "data": deep, "headers": {"Content-Type": "application/json"}}), 400),
-        Case("malformed multipart", 3, lambda r: ("post", PREDICT, {"data": b"--b\r\nnonsense", "headers": {
-            "Content-Type": "multipart/form-data; boundary=b"}}), 400),
-        Case("over the upload limit", 0.3, lambda r: ("post", PREDICT, files(("big.jpg", oversize))), 413),
-        Case("1 good, v2 image_bytes", 4, lambda r: ("post", "/v2/models/cifar10/infer", {"json": {"inputs": [{
-            "name": "image_bytes", "datatype": "BYTES", "shape": [1], "parameters": {"content_type": "base64"},
-            "data": [base64.b64encode(r.choice(jpegs)).decode()]}]}}), 200, 1,
-             lambda b: len(b["outputs"][0]["data"]) >= 1),
-        Case("PNG bomb, TF Serving predict_images", 2, lambda r: ("post", "/v1/models/cifar10:predict", {"json": {
-            "signature_name": "predict_images", "instances": [{"b64": base64.b64encode(bomb).decode()}]}}), 413),
-        Case("more images than the cap", 1, lambda r: ("post", "/v2/models/cifar10/infer", {"json": {"inputs": [{
-            "name": "images", "datatype": "UINT8", "shape": [max_images + 1, 32, 32, 3], "data": [0]}]}}), 413),
-    ]
-
-
-# -- the server ---------------------------------------------------------------------------------
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def children(pid):
-    try:
-        with open(f"/proc/{pid}/task/{pid}/children") as f:
-            return sorted(int(c) for c in f.read().split())
-    except FileNotFoundError:
-        return []
-
-
-def rss_mb(pid):
-    try:
-        with open(f"/proc/{pid}/status") as f:
-            for line in f:
-                if line.startswith("VmRSS:"):
-                    return int(line.split()[1]) / 1024
-    except FileNotFoundError:
-        pass
-    return 0.0
-
-
-def start_server(model_dir, port, env_extra, logdir):
-    errlog = os.path.join(logdir, "error.log")
-    env = {
-        **os.environ,
-        "TF_CPP_MIN_LOG_LEVEL": "2",
-        "GUNICORN_CMD_ARGS": f"--error-logfile {shlex.quote(errlog)}",
-        **env_extra,
-    }
-    with open(os.path.join(logdir, "stderr.log"), "wb") as out:
-        process = subprocess.Popen(
-            [sys.executable, "-m", "serve", "--model-dir", model_dir, "--host", "127.0.0.1", "--port", str(port)],
-            env=env, cwd=ROOT, stdout=out, stderr=subprocess.STDOUT,
-        )
-    url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 180
-    while time.monotonic() < deadline:
-        if process.poll() is not None:
-            raise SystemExit(f"error: the server exited with code {process.returncode}; see {logdir}")
-        try:
-            if requests.get(f"{url}/readyz", timeout=10).status_code == 200 and len(children(process.pid)) >= 1:
-                # every worker ready: each answers /readyz only once its model is loaded
-                if all(requests.get(f"{url}/readyz", timeout=10).status_code == 200 for _ in range(8)):
-                    return process, url, errlog
-        except requests.RequestException:
-            pass
-        time.sleep(0.5)
-    process.kill()
-    raise SystemExit("error: the server was not ready within 180 s")
+from bench.soak_cases import PREDICT, make_cases, read_jpegs  # noqa: E402
+from bench.soak_processes import (  # noqa: E402
+    children, free_port, run_faults, sample_memory, start_redis, start_server, window_mean,
+)
 
 
 # -- the load ----------------------------------------------------------------------------------
@@ -314,77 +158,6 @@ def _send(session, method, target, path, kwargs, retry):
 
 
 # -- the faults --------------------------------------------------------------------------------
-def start_redis(logdir):
-    """``redis-server`` on a free loopback port, no persistence; ``(process, port)``."""
-    port = free_port()
-    process = subprocess.Popen(["redis-server", "--port", str(port), "--bind", "127.0.0.1", "--save", "",
-                                "--appendonly", "no"], stdout=open(os.path.join(logdir, "redis.log"), "wb"),
-                               stderr=subprocess.STDOUT)
-    deadline = time.monotonic() + 30
-    while time.monotonic() < deadline:
-        try:
-            with socket.create_connection(("127.0.0.1", port), timeout=1):
-                return process, port
-        except OSError:
-            time.sleep(0.1)
-    raise SystemExit("error: redis-server did not start")
-
-
-def run_faults(seconds, started, models, servers, redis, logdir, events, target, standby_url):
-    """The fault schedule, at fractions of the timed run; each step noted in ``events`` with its time."""
-    import shutil
-    import signal
-
-    def at(fraction):
-        time.sleep(max(0.0, started + fraction * seconds - time.monotonic()))
-
-    def note(what):
-        events.append((round(time.monotonic() - started, 1), what))
-
-    newest = max(int(n) for n in os.listdir(models) if n.isdigit())
-    at(0.10)
-    shutil.copytree(os.path.join(models, str(newest)), os.path.join(models, ".incoming"))
-    os.rename(os.path.join(models, ".incoming"), os.path.join(models, str(newest + 1)))
-    note(f"published version {newest + 1}")
-    at(0.25)
-    manifest = os.path.join("assets.extra", "manifest.json")
-    shutil.copytree(os.path.join(models, str(newest)), os.path.join(models, str(newest + 2)),
-                    ignore=shutil.ignore_patterns("manifest.json"))
-    note(f"copied version {newest + 2} by hand, without its manifest")
-    at(0.35)
-    shutil.copy(os.path.join(models, str(newest), manifest), os.path.join(models, str(newest + 2), manifest))
-    note(f"version {newest + 2}'s manifest arrived")
-    at(0.45)
-    process, port = redis
-    process.terminate()
-    process.wait(30)
-    note("Redis stopped")
-    at(0.55)
-    redis[0] = subprocess.Popen(["redis-server", "--port", str(port), "--bind", "127.0.0.1", "--save", "",
-                                 "--appendonly", "no"], stdout=open(os.path.join(logdir, "redis2.log"), "wb"),
-                                stderr=subprocess.STDOUT)
-    note("Redis restarted")
-    at(0.65)
-    first = servers[0]
-    workers = children(first.pid)
-    if workers:
-        os.kill(workers[0], signal.SIGKILL)
-        note(f"worker {workers[0]} killed with SIGKILL")
-    at(0.80)
-    target.url = standby_url
-    first.send_signal(signal.SIGTERM)
-    note("first server sent SIGTERM; the load moves to the standby")
-
-
-def sample_memory(pid, stop, samples, started):
-    while not stop.wait(1.0):
-        workers = children(pid)
-        samples.append((time.monotonic() - started, rss_mb(pid), [rss_mb(w) for w in workers], workers))
-
-
-def window_mean(samples, start, end):
-    values = [master + sum(workers) for t, master, workers, _ in samples if start <= t < end]
-    return statistics.fmean(values) if values else float("nan")
 
 
 def main(argv=None):

