@@ -201,6 +201,7 @@
     }
     busy = true;
     button.disabled = true;
+    results.setAttribute("aria-busy", "true");
     clearResults();
     const entries = chosen.slice();
     const total = entries.length;
@@ -208,7 +209,6 @@
     progress.max = total;
     progress.value = 0;
     sending.hidden = false;
-    results.setAttribute("aria-busy", "true");
     say(`Sending ${total} ${plural(total, "image")}…`);
     let done = 0;
     let answered = 0;

@@ -178,7 +178,7 @@ def _shown(page):
     return page.evaluate("""() => Array.from(document.querySelectorAll('.result')).map((r) => ({
         name: r.querySelector('.filename').textContent,
         verdict: Array.from(r.querySelectorAll('[data-testid]')).map((e) => [e.dataset.testid, e.textContent]),
-        bars: Array.from(r.querySelectorAll('.bar')).map((b) => [b.className, b.textContent.replace(/\\s+/g, ' ').trim()]),
+        bars: Array.from(r.querySelectorAll('.bar')).map((b) => [b.className, Array.from(b.children).map((c) => c.textContent).join(' ')]),
         error: (r.querySelector('.error') || {}).textContent || null,
         image: !!r.querySelector('img')}))""")
 
