@@ -291,6 +291,9 @@ def test_the_page_has_no_serious_accessibility_violations(browser, live_server, 
         page.wait_for_selector(DONE)
         assert page.locator(".bar.guess").count() and page.locator("[data-testid=not-sure]").count()
         assert serious(page) == []
+        page.set_viewport_size({"width": 360, "height": 640})  # a phone: nothing wider than the screen
+        assert page.evaluate("document.documentElement.scrollWidth") <= 360
+        assert serious(page) == []
 
 
 def test_the_keyboard_reaches_everything_with_a_visible_focus(browser, live_server):  # noqa: F811
