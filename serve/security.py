@@ -45,11 +45,13 @@ OPEN_PREFIXES = ("/static/",)
 METRICS_PATH = "/metrics"
 REALM = "serve"
 
-# No inline script and no inline style: the page's CSS is serve/static/form.css; uploaded images
-# are shown from data: URLs. JSON answers get the strictest policy (they load nothing).
+# No inline script and no inline style: the page's script and CSS are files under serve/static/;
+# uploaded images are shown from data: URLs (the results page) and blob: URLs (the script's
+# thumbnails), and the script posts to this origin's API alone. JSON answers get the strictest
+# policy (they load nothing).
 PAGE_CSP = (
-    "default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self' data:; "
-    "form-action 'self'; frame-ancestors 'none'; base-uri 'none'"
+    "default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self' data: blob:; "
+    "connect-src 'self'; form-action 'self'; frame-ancestors 'none'; base-uri 'none'"
 )
 OTHER_CSP = "default-src 'none'; frame-ancestors 'none'; base-uri 'none'"
 HEADERS = {

@@ -1,4 +1,9 @@
-"""``/``: an upload form that works without JavaScript, and the page of results."""
+"""``/``: an upload form that works without JavaScript, and the page of results.
+
+With JavaScript, ``serve/static/page.js`` enhances the same form (drop, paste, thumbnails, results in
+place from ``/api/v1/predict``); the limits it batches by and the "not sure" threshold come from the
+form's ``data-`` attributes, rendered here.
+"""
 
 import base64
 
@@ -17,7 +22,12 @@ _WORDS = ("", "one", "two", "three", "four", "five", "six", "seven", "eight", "n
 
 @bp.get("/")
 def index():
-    return render_template("index.html", top_k=settings().top_k)
+    return _page(top_k=settings().top_k)
+
+
+def _page(**context):
+    """``index.html`` with ``context``, and what the page's script needs to know of this server."""
+    return render_template("index.html", not_sure_below=NOT_SURE_BELOW, limits=settings(), **context)
 
 
 @bp.post("/")
@@ -46,11 +56,10 @@ def upload():
         return page, status, {"Retry-After": str(e.retry_after)} if e.retry_after is not None else {}
     results = [_shown(image) for image in result.images]
     status = result.images[0].status if result.all_refused else 200
-    return render_template(
-        "index.html", top_k=top_k, results=results,
+    return _page(
+        top_k=top_k, results=results,
         model={"name": result.model.name, "version": result.version, "architecture": result.model.architecture},
         runtime=result.model.runtime, class_count=_count_words(len(result.model.class_names or ())) or "known",
-        not_sure_below=NOT_SURE_BELOW,
     ), status
 
 
@@ -70,4 +79,4 @@ def _count_words(n):
 
 def render_error(message, status, top_k=None):
     """The form page with ``message`` on it (also for a 401, 413 or 429 answered before the view)."""
-    return render_template("index.html", top_k=top_k or settings().top_k, error=message), status
+    return _page(top_k=top_k or settings().top_k, error=message), status

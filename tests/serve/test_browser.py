@@ -1,4 +1,6 @@
-"""The upload form in real headless Chromium: choose a file, submit, see the label."""
+"""The upload form in real headless Chromium: choose a file, submit, see the label; with JavaScript (the
+results in place, from page.js) and without (the results page from the server). The page's script
+alone is tested in tests/serve/test_page.py."""
 
 import os
 import pathlib
@@ -32,16 +34,22 @@ def _chromium(playwright):
     )
 
 
-def _submitted(page, url, paths):
-    """``page`` after choosing ``paths`` on the form at ``url`` and submitting it, once the results show."""
+def _submitted(browser, url, paths, javascript):
+    """A page after choosing ``paths`` on the form at ``url`` and submitting it, once the results show."""
+    page = browser.new_context(java_script_enabled=javascript).new_page()
     page.goto(f"{url}/")
     page.set_input_files("input[type=file]", paths)
     page.click("button[type=submit]")
-    page.wait_for_selector(".result")
+    # page.js marks the end of its batches; without it, the results page has loaded once a result shows.
+    page.wait_for_selector("#results[aria-busy=false]" if javascript else ".result")
     return page
 
 
-def test_form_in_chromium(live_server, tmp_path):  # noqa: F811
+WITH_AND_WITHOUT_JAVASCRIPT = pytest.mark.parametrize("javascript", [True, False], ids=["javascript", "no-javascript"])
+
+
+@WITH_AND_WITHOUT_JAVASCRIPT
+def test_form_in_chromium(live_server, tmp_path, javascript):  # noqa: F811
     from playwright.sync_api import sync_playwright
 
     images, labels = synthetic.make_images(1, seed=9)
@@ -49,7 +57,7 @@ def test_form_in_chromium(live_server, tmp_path):  # noqa: F811
     with sync_playwright() as p:
         browser = _chromium(p)
         try:
-            page = _submitted(browser.new_page(), live_server, paths)
+            page = _submitted(browser, live_server, paths, javascript)
             results = page.locator(".result")
             assert results.count() == len(paths)
             # Each result shows its label, or "none of the three classes" when the image looks foreign
@@ -63,15 +71,17 @@ def test_form_in_chromium(live_server, tmp_path):  # noqa: F811
             assert sum(label == synthetic.CLASS_NAMES[y] for label, y in zip(best, labels)) >= 2
             images_on_page = page.locator(".result img")
             assert images_on_page.count() == len(paths)
-            assert images_on_page.first.get_attribute("src").startswith("data:image/png;base64,")
+            # The upload itself: the thumbnail's object URL in place, or a data: URL on the results page.
+            assert images_on_page.first.get_attribute("src").startswith("blob:" if javascript else "data:image/png;base64,")
             assert page.evaluate("document.querySelector('.result img').naturalWidth") == 32  # it really renders
             ARTIFACTS.mkdir(exist_ok=True)
-            page.screenshot(path=str(ARTIFACTS / "form.png"), full_page=True)
+            page.screenshot(path=str(ARTIFACTS / f"form-{'js' if javascript else 'nojs'}.png"), full_page=True)
         finally:
             browser.close()
 
 
-def test_form_says_none_of_the_classes_for_a_foreign_image(live_server, tmp_path):  # noqa: F811
+@WITH_AND_WITHOUT_JAVASCRIPT
+def test_form_says_none_of_the_classes_for_a_foreign_image(live_server, tmp_path, javascript):  # noqa: F811
     """A flat grey square and pixel noise look like no class: the page says so, with the guesses greyed."""
     import numpy as np
     from playwright.sync_api import sync_playwright
@@ -84,7 +94,7 @@ def test_form_says_none_of_the_classes_for_a_foreign_image(live_server, tmp_path
     with sync_playwright() as p:
         browser = _chromium(p)
         try:
-            page = _submitted(browser.new_page(), live_server, paths)
+            page = _submitted(browser, live_server, paths, javascript)
             results = page.locator(".result")
             assert results.count() == 3
             for i in range(2):  # the foreign ones: the verdict, a note, the guesses greyed
@@ -94,13 +104,15 @@ def test_form_says_none_of_the_classes_for_a_foreign_image(live_server, tmp_path
                 assert "closest guesses" in result.locator("[data-testid=ood-note]").inner_text()
                 guesses = result.locator(".bar.guess")
                 assert guesses.count() >= 1
-                assert float(guesses.first.evaluate("e => getComputedStyle(e).opacity")) < 1
+                # Greyed: the bar faded, the words grey yet readable (axe's contrast check is in test_page.py).
+                assert float(guesses.first.locator(".fill").evaluate("e => getComputedStyle(e).opacity")) < 1
+                assert guesses.first.evaluate("e => getComputedStyle(e).color") != page.evaluate("getComputedStyle(document.body).color")
                 assert guesses.first.locator(".name").inner_text() in synthetic.CLASS_NAMES
             own_result = results.nth(2)  # one of the training set's kind: a plain label, full strength
             assert own_result.locator("[data-testid=label]").inner_text() in synthetic.CLASS_NAMES
             assert own_result.locator(".bar.guess").count() == 0
             ARTIFACTS.mkdir(exist_ok=True)
-            page.screenshot(path=str(ARTIFACTS / "form-foreign.png"), full_page=True)
+            page.screenshot(path=str(ARTIFACTS / f"form-foreign-{'js' if javascript else 'nojs'}.png"), full_page=True)
         finally:
             browser.close()
 
