@@ -73,19 +73,25 @@ def process_provider(settings):
     """The process's ``TracerProvider`` for ``settings``, built once and made the global one."""
     global _built
     if _built is None:
-        from opentelemetry.sdk.resources import SERVICE_NAME, Resource
         from opentelemetry.sdk.trace import TracerProvider
         from opentelemetry.sdk.trace.export import BatchSpanProcessor
 
-        resource = Resource.create({SERVICE_NAME: settings.service_name} if settings.service_name else {})
-        if str(resource.attributes.get(SERVICE_NAME, "")).startswith("unknown_service"):
-            resource = resource.merge(Resource({SERVICE_NAME: DEFAULT_SERVICE_NAME}))
-        provider = TracerProvider(resource=resource)
+        provider = TracerProvider(resource=resource(settings))
         for name in settings.traces_exporter.split(","):
             provider.add_span_processor(BatchSpanProcessor(exporter(name)))
         trace.set_tracer_provider(provider)
         _built = provider
     return _built
+
+
+def resource(settings):
+    """The SDK's resource (``OTEL_RESOURCE_ATTRIBUTES``, ``OTEL_SERVICE_NAME``), named ``serve`` when neither names the service."""
+    from opentelemetry.sdk.resources import SERVICE_NAME, Resource
+
+    found = Resource.create({SERVICE_NAME: settings.service_name} if settings.service_name else {})
+    if str(found.attributes.get(SERVICE_NAME, "")).startswith("unknown_service"):
+        found = found.merge(Resource({SERVICE_NAME: DEFAULT_SERVICE_NAME}))
+    return found
 
 
 def exporter(name):

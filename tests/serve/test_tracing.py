@@ -327,3 +327,28 @@ def test_console_prints_the_spans_of_one_request_from_a_real_server(model_base, 
     assert request["resource"]["attributes"]["service.name"] == "cifar10-test"
     assert by_name["serve.model"]["parent_id"] == request["context"]["span_id"]
     assert not any(span["name"].endswith("/readyz") for span in _json_objects(out.read_text()))
+
+
+# -- settings --------------------------------------------------------------------------------
+
+
+def test_the_exporter_is_a_checked_setting_and_the_service_has_a_name(monkeypatch):
+    from opentelemetry.sdk.resources import SERVICE_NAME
+
+    from serve import tracing
+    from serve.settings import Settings, SettingsError
+
+    assert Settings.from_env({}).traces_exporter == "none"
+    assert Settings.from_env({"OTEL_TRACES_EXPORTER": " otlp , console,otlp"}).traces_exporter == "otlp,console"
+    for bad in ("zipkin", "none,console", ","):
+        with pytest.raises(SettingsError, match="OTEL_TRACES_EXPORTER"):
+            Settings.from_env({"OTEL_TRACES_EXPORTER": bad})
+    assert type(tracing.exporter("console")).__name__ == "ConsoleSpanExporter"
+    assert type(tracing.exporter("otlp")).__name__ == "OTLPSpanExporter"
+    monkeypatch.delenv("OTEL_SERVICE_NAME", raising=False)
+    monkeypatch.delenv("OTEL_RESOURCE_ATTRIBUTES", raising=False)
+    assert tracing.resource(Settings.from_env({})).attributes[SERVICE_NAME] == "serve"
+    monkeypatch.setenv("OTEL_RESOURCE_ATTRIBUTES", "service.name=from-attributes")
+    assert tracing.resource(Settings.from_env({})).attributes[SERVICE_NAME] == "from-attributes"
+    monkeypatch.setenv("OTEL_SERVICE_NAME", "from-name")
+    assert tracing.resource(Settings.from_env({"OTEL_SERVICE_NAME": "from-name"})).attributes[SERVICE_NAME] == "from-name"
