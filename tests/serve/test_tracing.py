@@ -17,7 +17,7 @@ from opentelemetry.trace import SpanKind
 
 import contract
 import synthetic
-from live_server import start_server, stop_server
+from live_server import free_port, start_server, stop_server
 from tfs_protos import tensors
 from tfs_protos.tensorflow_serving.apis import predict_pb2, prediction_service_pb2_grpc
 from tfserving_standin import tfserving  # noqa: F401  (imported for its fixture)
@@ -310,23 +310,35 @@ def _json_objects(text):
 
 def test_console_prints_the_spans_of_one_request_from_a_real_server(model_base, tmp_path):
     out = tmp_path / "stdout.txt"
+    grpc_port = free_port()
+    grpc_trace = "0af7651916cd43dd8448eb211c80319c"
     with out.open("w") as stdout:
         process, url = start_server(model_base, {"OTEL_TRACES_EXPORTER": "console", "OTEL_SERVICE_NAME": "cifar10-test",
-                                                 "WEB_CONCURRENCY": "1"}, stdout=stdout)
+                                                 "WEB_CONCURRENCY": "1"}, args=("--grpc-port", str(grpc_port)), stdout=stdout)
         try:
             answer = requests.post(f"{url}/api/v1/predict", json=ROUTES["api"][1](), timeout=DEADLINE_S,
                                    headers={"traceparent": TRACEPARENT, "X-Request-Id": "console-1"})
             assert answer.status_code == 200
+            # The worker's gRPC server, started after the fork, is traced by the same provider.
+            with grpc.insecure_channel(f"127.0.0.1:{grpc_port}") as channel:
+                request = predict_pb2.PredictRequest()
+                request.model_spec.name = "cifar10"
+                request.inputs[contract.INPUT_PIXELS].CopyFrom(tensors.to_proto(synthetic.make_images(1)[0][:1]))
+                prediction_service_pb2_grpc.PredictionServiceStub(channel).Predict(
+                    request, metadata=(("traceparent", f"00-{grpc_trace}-{PARENT_ID}-01"),), timeout=DEADLINE_S)
         finally:
             stop_server(process)  # the worker flushes its spans as it exits
-    printed = [span for span in _json_objects(out.read_text()) if span.get("context", {}).get("trace_id") == f"0x{TRACE_ID}"]
+    every = _json_objects(out.read_text())
+    grpc_spans = {span["name"] for span in every if span.get("context", {}).get("trace_id") == f"0x{grpc_trace}"}
+    assert {"/tensorflow.serving.PredictionService/Predict", "serve.model"} <= grpc_spans, grpc_spans
+    printed = [span for span in every if span.get("context", {}).get("trace_id") == f"0x{TRACE_ID}"]
     by_name = {span["name"]: span for span in printed}
     assert {"POST /api/v1/predict", "serve.decode", "serve.model"} <= set(by_name), printed
     request = by_name["POST /api/v1/predict"]
     assert request["parent_id"] == f"0x{PARENT_ID}" and request["attributes"]["serve.request_id"] == "console-1"
     assert request["resource"]["attributes"]["service.name"] == "cifar10-test"
     assert by_name["serve.model"]["parent_id"] == request["context"]["span_id"]
-    assert not any(span["name"].endswith("/readyz") for span in _json_objects(out.read_text()))
+    assert not any(span["name"].endswith("/readyz") for span in every)
 
 
 # -- settings --------------------------------------------------------------------------------
