@@ -22,14 +22,15 @@ from contract import API_ROOTS
 JSON_PREFIXES = tuple(f"{root}/" for root in API_ROOTS)
 
 
-def create_app(config=None, backend=None):
+def create_app(config=None, backend=None, tracer_provider=None):
     """Build the app: settings from the environment, then ``config`` (setting keys such as ``MODEL_DIR``, and
-    Flask's own such as ``TESTING``); ``backend`` (a :class:`serve.core.model.Backend`) replaces the configured one.
+    Flask's own such as ``TESTING``); ``backend`` (a :class:`serve.core.model.Backend`) replaces the configured one,
+    and ``tracer_provider`` (OpenTelemetry's) the one ``OTEL_TRACES_EXPORTER`` would build, when traces are on.
 
     The pieces get their typed settings in their constructors: the metrics, the security hooks, the
     backend and the :class:`~serve.core.service.InferenceService` that every protocol calls.
     """
-    from serve import backends, bodies, health, logs, metrics, security, settings
+    from serve import backends, bodies, health, logs, metrics, security, settings, tracing
     from serve.core import InferenceService
     from serve.protocols import api, tfserving_rest, v2_rest, web
 
@@ -41,6 +42,8 @@ def create_app(config=None, backend=None):
     app.extensions["serve.settings"] = configured
     # First, so that every later hook, refusals included, runs with the request's id.
     logs.init_app(app, configured.log_format)
+    # Next, so that a request refused by a later hook is a span too (off unless OTEL_TRACES_EXPORTER says).
+    tracing.init_app(app, configured, tracer_provider)
     # A body that cannot be read (JSON however deep, a broken chunked body) is a 400 on every route.
     bodies.init_app(app)
 

@@ -96,6 +96,9 @@ def worker_exit(server, worker):
         from serve.protocols import tfserving_grpc
 
         grpc_server.stop(tfserving_grpc.STOP_GRACE_S).wait()
+    from serve import tracing
+
+    tracing.shutdown()  # the spans still buffered are exported (the provider was built in this worker)
 
 
 def _write_json_error(sock, status_int, reason, mesg):

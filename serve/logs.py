@@ -8,10 +8,15 @@ method, the route, the status, the model version and images answered, the durati
 address (after ``SERVE_TRUSTED_PROXIES``' proxy fix). No line carries an API key, a header or an
 image's bytes.
 
+A gRPC call gets its id the same way, from its ``x-request-id`` metadata (:func:`call` holds it while the
+call runs; :mod:`serve.protocols.grpc_calls` sends it back and writes the call's line with :func:`log_call`).
+
 ``SERVE_LOG_FORMAT=json`` (the default) writes each record as one JSON object a line (python-json-logger);
 ``text`` writes plain lines for a terminal.
 """
 
+import contextlib
+import contextvars
 import logging
 import re
 import sys
@@ -26,11 +31,42 @@ SANE_ID = re.compile(r"[A-Za-z0-9._:-]{1,128}")
 JSON_FIELDS = "%(asctime)s %(levelname)s %(name)s %(message)s"
 TEXT_FORMAT = "%(asctime)s %(levelname)s %(name)s [%(request_id)s] %(message)s"
 ACCESS = logging.getLogger("serve.access")
+#: The gRPC call this thread is answering (a :class:`Call`), for what has no Flask request.
+_call = contextvars.ContextVar("serve_call", default=None)
+
+
+class Call:
+    """A request outside Flask (a gRPC call): its id, and the model version and images the core answered."""
+
+    __slots__ = ("request_id", "answered")
+
+    def __init__(self, request_id):
+        self.request_id = request_id
+        self.answered = (None, 0)
+
+
+def new_id(given):
+    """``given`` when it is a sane id, else a new one."""
+    return given if isinstance(given, str) and SANE_ID.fullmatch(given) else uuid.uuid4().hex
+
+
+@contextlib.contextmanager
+def call(request_id):
+    """Hold ``request_id`` as this thread's request (a gRPC call's) while the block runs; yields its :class:`Call`."""
+    state = Call(request_id)
+    token = _call.set(state)
+    try:
+        yield state
+    finally:
+        _call.reset(token)
 
 
 def request_id():
-    """The id of the request being handled, or None outside a request."""
-    return g.get("request_id") if has_request_context() else None
+    """The id of the request being handled (an HTTP request's, or a gRPC call's), or None outside one."""
+    if has_request_context():
+        return g.get("request_id")
+    state = _call.get()
+    return state.request_id if state is not None else None
 
 
 class RequestIdFilter(logging.Filter):
@@ -69,8 +105,7 @@ def init_app(app, log_format):
 
     @app.before_request
     def _assign():
-        given = request.headers.get(HEADER, "")
-        g.request_id = given if SANE_ID.fullmatch(given) else uuid.uuid4().hex
+        g.request_id = new_id(request.headers.get(HEADER, ""))
         g.serve_log_started = time.perf_counter()
 
     @app.after_request
@@ -102,6 +137,18 @@ def note_answer(version, images):
     if has_request_context():
         previous = g.get("serve_answered") or (None, 0)
         g.serve_answered = (version, previous[1] + images)
+    elif _call.get() is not None:
+        state = _call.get()
+        state.answered = (version, state.answered[1] + images)
+
+
+def log_call(state, method, status, duration_s, client):
+    """The ``serve.access`` line of a gRPC call (``status``: its code's name, such as ``OK``)."""
+    ACCESS.info("gRPC %s %s", method, status, extra={
+        "request_id": state.request_id, "method": "gRPC", "route": method, "status": status,
+        "model_version": state.answered[0], "images": state.answered[1], "duration_ms": round(duration_s * 1000, 2),
+        "client": client,
+    })
 
 
 def gunicorn_logger():

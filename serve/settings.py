@@ -37,6 +37,8 @@ BACKENDS = ("local", "tfserving-rest", "tfserving-grpc")
 RUNTIMES = SERVING_RUNTIMES
 LOG_LEVELS = ("debug", "info", "warning", "error", "critical")
 LOG_FORMATS = ("json", "text")
+#: What ``OTEL_TRACES_EXPORTER`` may name (a comma-separated list): serve.tracing builds each.
+TRACES_EXPORTERS = ("otlp", "console", "none")
 DEFAULT_RATE_LIMIT_STORE = "memory://"
 #: The storage schemes Flask-Limiter's ``limits`` package accepts.
 RATE_LIMIT_STORES = ("memory", "redis", "rediss", "redis+unix", "redis+sentinel", "redis+cluster", "memcached", "mongodb", "valkey")
@@ -136,6 +138,16 @@ def _rate_limit_store(value):
     return str(value)
 
 
+def _exporters(value):
+    names = [name.strip() for name in str(value).split(",") if name.strip()]
+    unknown = [name for name in names if name not in TRACES_EXPORTERS]
+    if unknown or not names:
+        raise ValueError(f"must be one or more of {', '.join(TRACES_EXPORTERS)}, comma-separated")
+    if "none" in names and len(set(names)) > 1:
+        raise ValueError("'none' cannot be listed with an exporter")
+    return ",".join(dict.fromkeys(names))
+
+
 def _url(value):
     if not re.fullmatch(r"https?://[^\s/]+(/\S*)?", str(value)):
         raise ValueError("must be an http:// or https:// URL")
@@ -212,6 +224,9 @@ class Settings:
     log_format: str = _var("SERVE_LOG_FORMAT", _choice(*LOG_FORMATS), "json")
     malloc_arena_max: int = _var("MALLOC_ARENA_MAX", _integer(1, 1024), None)
     prometheus_multiproc_dir: str = _var("PROMETHEUS_MULTIPROC_DIR", _text, None)
+    # OpenTelemetry traces (serve.tracing); the SDK and its exporter read their own OTEL_* variables too.
+    traces_exporter: str = _var("OTEL_TRACES_EXPORTER", _exporters, "none")
+    service_name: str = _var("OTEL_SERVICE_NAME", _text, None)  # None: the SDK's resource, else "serve"
 
     def __post_init__(self):
         if self.model_dir is None:

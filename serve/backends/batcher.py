@@ -12,6 +12,10 @@ When nothing is queued and no batch is running, a request runs the model in its 
 instead: handing it to the batcher thread and back costs two thread switches, a noticeable
 share of a single-image call. A lock keeps one model call at a time either way, so requests
 that arrive meanwhile queue up and run together in the next batch.
+
+With traces on (:mod:`serve.tracing`) each model call is a ``serve.model`` span: in the request's
+thread a child of its span; on the batcher's thread a child of the first request's, linked to the
+others'. A request that queued has a ``serve.batch_wait`` span for the time it waited.
 """
 
 import collections
@@ -20,15 +24,18 @@ import threading
 
 import numpy as np
 
+from serve import tracing
+
 
 class _Item:
-    __slots__ = ("images", "done", "result", "error")
+    __slots__ = ("images", "done", "result", "error", "context")
 
     def __init__(self, images):
         self.images = images
         self.done = threading.Event()
         self.result = None
         self.error = None
+        self.context = tracing.current()  # the request's trace context, for the batch's span
 
 
 class Overloaded(RuntimeError):
@@ -100,14 +107,16 @@ class Batcher:
         if self._queue.empty() and self._running.acquire(blocking=False):
             try:
                 if self._queue.empty():  # still idle now that the model is ours
-                    outputs = self._fn(images)
+                    with tracing.span("serve.model", {"serve.batch.images": len(images), "serve.batch.requests": 1}):
+                        outputs = self._fn(images)
                     self._count(len(images))
                     return outputs
             finally:
                 self._running.release()
         item = _Item(images)
-        self._queue.put(item)
-        self._wait(item)
+        with tracing.span("serve.batch_wait", {"serve.images": len(images)}):
+            self._queue.put(item)
+            self._wait(item)
         if item.error is not None:
             raise item.error
         return item.result
@@ -115,10 +124,11 @@ class Batcher:
     def _submit_parts(self, images):
         """Queue ``images`` as parts of at most ``max_batch``; their outputs joined in order."""
         items = [_Item(images[start : start + self.max_batch]) for start in range(0, len(images), self.max_batch)]
-        for item in items:
-            self._queue.put(item)
-        for item in items:
-            self._wait(item)
+        with tracing.span("serve.batch_wait", {"serve.images": len(images), "serve.parts": len(items)}):
+            for item in items:
+                self._queue.put(item)
+            for item in items:
+                self._wait(item)
         errors = [item.error for item in items if item.error is not None]
         if errors:
             raise errors[0]
@@ -179,7 +189,9 @@ class Batcher:
     def _run_locked(self, batch, size):
         try:
             images = batch[0].images if len(batch) == 1 else np.concatenate([item.images for item in batch])
-            outputs = self._fn(images)
+            with tracing.span_for("serve.model", [item.context for item in batch],
+                                  {"serve.batch.images": size, "serve.batch.requests": len(batch)}):
+                outputs = self._fn(images)
             start = 0
             for item in batch:
                 end = start + len(item.images)

@@ -1,4 +1,9 @@
-"""TF Serving as the backend: its REST API or its gRPC ``PredictionService``, with what the two share."""
+"""TF Serving as the backend: its REST API or its gRPC ``PredictionService``, with what the two share.
+
+With traces on (:mod:`serve.tracing`) every call to TF Serving is a client span (``tfserving GET``,
+``tfserving POST``, ``tfserving Predict``...) whose context goes with the call: a ``traceparent``
+header over REST, ``traceparent`` metadata over gRPC.
+"""
 
 import json
 import os
@@ -8,7 +13,7 @@ import time
 import numpy as np
 
 from contract import INPUT_PIXELS, OUTPUT_CLASS_IDS, OUTPUT_CLASS_NAMES, OUTPUT_PROBABILITIES, SIGNATURE_PIXELS
-from serve import published, signatures
+from serve import published, signatures, tracing
 from serve.core.errors import ServeError
 from serve.core.model import ModelInfo, Prediction, probe_batch
 from tfs_protos import tensors
@@ -118,15 +123,20 @@ class TFServingRestBackend(_RemoteBackend):
         self._session = requests.Session()
 
     def _request(self, method, path, body=None):
-        import requests
-
         url = f"{self.url}/v1/models/{self.name}{path}"
         deadline = time.monotonic() + self.timeout_s
         late = ServeError(f"TF Serving at {self.url} did not answer within {self.timeout_s:g} s", 503)
+        with tracing.span(f"tfserving {method}", {"http.request.method": method, "url.full": url}, tracing.CLIENT):
+            return self._request_once(method, url, body, deadline, late)
+
+    def _request_once(self, method, url, body, deadline, late):
+        import requests
+
+        headers = tracing.inject({})
         for attempt in (1, 2):
             try:
                 response = self._session.request(method, url, json=body, timeout=max(0.001, deadline - time.monotonic()),
-                                                 stream=True)
+                                                 stream=True, headers=headers)
                 break
             except requests.Timeout:
                 raise late from None
@@ -292,7 +302,9 @@ class TFServingGrpcBackend(_RemoteBackend):
         import grpc
 
         try:
-            return getattr(self._stub, method)(request, timeout=self.timeout_s)
+            with tracing.span(f"tfserving {method}", {"rpc.system": "grpc", "rpc.method": method}, tracing.CLIENT):
+                return getattr(self._stub, method)(request, timeout=self.timeout_s,
+                                                   metadata=tuple(tracing.inject({}).items()) or None)
         except grpc.RpcError as e:
             code = e.code() if hasattr(e, "code") else None
             details = e.details() if hasattr(e, "details") else str(e)

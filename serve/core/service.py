@@ -6,7 +6,8 @@ or HTTP. The service owns, for every protocol alike:
 
 * **version routing**: which model name and versions this server answers for (:meth:`model`);
 * **limits**: images per request, pixels per image (:class:`Limits`);
-* **decoding**: encoded images become pixels here, by :mod:`serve.core.decode` alone;
+* **decoding**: encoded images become pixels here, by :mod:`serve.core.decode` alone (a ``serve.decode``
+  span when traces are on, :mod:`serve.tracing`, which covers the wait for a decoding slot too);
 * **prediction**: the backend's :meth:`~serve.core.model.Backend.infer` (the local backend batches
   concurrent calls), whose answer names the version that gave it;
 * **ranking, labels and confidence**: top-k with the manifest's class names, the out-of-distribution
@@ -30,7 +31,7 @@ import numpy as np
 
 from contract import INPUT_BYTES, INPUT_PIXELS, OUTPUT_IN_DISTRIBUTION, OUTPUT_OOD_SCORE, OUTPUT_PROBABILITIES, SIGNATURE_BYTES, SIGNATURE_PIXELS
 from contract.ranking import top_k as rank
-from serve import signatures
+from serve import signatures, tracing
 from serve.core import decode as decoder
 from serve.core.errors import NotServed, ServeError, Shed
 from serve.core.model import Backend, ModelInfo
@@ -190,7 +191,7 @@ class InferenceService:
         """
         self.check_count(len(datas))
         self.check_budget(datas)
-        with self._decoding:
+        with tracing.span("serve.decode", {"serve.images": len(datas)}), self._decoding:
             return decoder.decode_all(datas, self.limits.max_pixels, name_of)
 
     def check_budget(self, datas):
@@ -221,7 +222,7 @@ class InferenceService:
         slots, good, pixels = [], [], []
         readable = [u.data for u in uploads if u.error is None]
         self.check_budget(readable)
-        with self._decoding:
+        with tracing.span("serve.decode", {"serve.images": len(readable)}), self._decoding:
             decoded = iter(decoder.decode_many(readable, self.limits.max_pixels))
         for index, upload in enumerate(uploads):
             who = repr(upload.filename) if upload.filename else f"instance {index}"

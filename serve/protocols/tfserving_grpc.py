@@ -42,7 +42,7 @@ from google.protobuf import json_format
 from werkzeug.exceptions import TooManyRequests
 
 from contract import INPUT_BYTES, SIGNATURE_BYTES, SIGNATURE_PIXELS, TFSERVING_REST_PREFIX
-from serve import signatures
+from serve import logs, signatures, tracing
 from serve.core import NotServed, ServeError
 from serve.security import matches
 from tfs_protos import tensors
@@ -396,6 +396,7 @@ class Guard(grpc.ServerInterceptor):
 
     def _through_http_hooks(self, key, peer):
         headers = {"X-API-Key": key} if key is not None else {}
+        headers[logs.HEADER] = logs.request_id() or ""  # the hooks' log lines name the call's id
         with self.app.test_request_context(self.path, method="POST", headers=headers,
                                            environ_base={"REMOTE_ADDR": peer_address(peer)}):
             try:
@@ -446,11 +447,14 @@ def make_server(app, address, threads=16, reuse_port=True):
     ``reuse_port`` (gRPC's Linux default) lets every gunicorn worker bind the same port, the kernel
     handing each new connection to one of them. Raises ``RuntimeError`` when the address cannot be bound.
     """
+    from serve.protocols.grpc_calls import RequestIds  # here: it imports this module (peer_address)
+
     settings = app.extensions["serve.settings"]
     service = app.extensions["serve.service"]
     server = grpc.server(
         futures.ThreadPoolExecutor(max_workers=threads, thread_name_prefix="grpc"),
-        interceptors=[Guard(app)],
+        # The call's span (traces on), then its request id, then the guard: a refusal has both.
+        interceptors=[*tracing.grpc_interceptors(app), RequestIds(), Guard(app)],
         options=[
             ("grpc.max_receive_message_length", settings.max_upload_bytes),
             ("grpc.so_reuseport", 1 if reuse_port else 0),

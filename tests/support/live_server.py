@@ -24,14 +24,18 @@ def free_port():
         return s.getsockname()[1]
 
 
-def start_server(model_dir, extra_env=None, args=()):
-    """Start ``python -m serve`` on a free port; return (process, base_url) once /readyz answers 200."""
+def start_server(model_dir, extra_env=None, args=(), stdout=None):
+    """Start ``python -m serve`` on a free port; return (process, base_url) once /readyz answers 200.
+
+    ``stdout``: where the server's standard output goes (a file; default: the tests' own).
+    """
     port = free_port()
     # No gRPC unless a test asks for it (--grpc-port): servers of parallel tests would share port 8500.
     env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2", "GRPC_PORT": "0", **(extra_env or {})}
     process = subprocess.Popen(
         [sys.executable, "-m", "serve", "--model-dir", str(model_dir), "--host", "127.0.0.1", "--port", str(port), *args],
         env=env,
+        stdout=stdout,
         cwd=os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))),
     )
     url = f"http://127.0.0.1:{port}"

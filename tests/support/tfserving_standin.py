@@ -310,6 +310,8 @@ class StandIn:
         predict_calls: how many Predict calls (REST and gRPC) reached the model, so tests can
             tell a request that was forwarded from one answered elsewhere.
         batch_sizes: the rows of each Predict call that reached the model, in order.
+        traceparents: the W3C ``traceparent`` each call carried (header or metadata; None without), in order,
+            as ``(protocol, what, traceparent)``: ``("rest", "POST /v1/models/...", ...)``, ``("grpc", "Predict", ...)``.
     """
 
     def __init__(self, model_base_path, model_name=contract.DEFAULT_MODEL_NAME):
@@ -324,6 +326,7 @@ class StandIn:
         self.max_batch_size = None
         self.predict_calls = 0
         self.batch_sizes = []
+        self.traceparents = []
         self._wake = threading.Event()
         self._lock = threading.Lock()
         self._rest_port = None
@@ -479,6 +482,7 @@ class _RestHandler(http.server.BaseHTTPRequestHandler):
         self._dispatch("POST")
 
     def _dispatch(self, method):
+        self.standin.traceparents.append(("rest", f"{method} {self.path}", self.headers.get("traceparent")))
         length = int(self.headers.get("Content-Length") or 0)
         body = self.rfile.read(length) if length else b""
         try:
@@ -567,6 +571,11 @@ def _status_response(standin, name, version):
     return response
 
 
+def _note_traceparent(standin, method, context):
+    given = dict(context.invocation_metadata() or ()).get("traceparent")
+    standin.traceparents.append(("grpc", method, given))
+
+
 def _abort(context, error):
     context.abort(error.code, error.message)
 
@@ -576,6 +585,7 @@ class _PredictionService(prediction_service_pb2_grpc.PredictionServiceServicer):
         self.standin = standin
 
     def Predict(self, request, context):
+        _note_traceparent(self.standin, "Predict", context)
         try:
             number, servable = self.standin.resolve(request.model_spec.name, _version_of(request.model_spec))
             try:
@@ -596,6 +606,7 @@ class _PredictionService(prediction_service_pb2_grpc.PredictionServiceServicer):
         return response
 
     def GetModelMetadata(self, request, context):
+        _note_traceparent(self.standin, "GetModelMetadata", context)
         try:
             fields = list(request.metadata_field)
             if not fields:

@@ -1,0 +1,113 @@
+"""Request ids over gRPC (serve/protocols/grpc_calls.py): the caller's ``x-request-id`` metadata or a new id, sent
+back in the initial metadata of every answer and refusal, and one JSON ``serve.access`` line a call."""
+
+import io
+import json
+import logging
+import re
+
+import grpc
+import numpy as np
+import pytest
+
+import contract
+import synthetic
+from tfs_protos import tensors
+from tfs_protos.grpc_health.v1 import health_pb2, health_pb2_grpc
+from tfs_protos.inference import grpc_predict_v2_pb2 as v2, grpc_predict_v2_pb2_grpc
+from tfs_protos.tensorflow_serving.apis import predict_pb2, prediction_service_pb2_grpc
+
+KEY = "grpc-ids-key-material"
+DEADLINE_S = 60
+
+
+@pytest.fixture(scope="module")
+def channel(model_base):
+    from serve import create_app
+    from serve.protocols import tfserving_grpc
+
+    app = create_app({"TESTING": True, "MODEL_DIR": str(model_base), "MODEL_NAME": "cifar10", "API_KEYS": KEY})
+    app.extensions["serve.backend"].wait_loaded()
+    server, port = tfserving_grpc.make_server(app, "127.0.0.1:0", threads=4, reuse_port=False)
+    server.start()
+    with grpc.insecure_channel(f"127.0.0.1:{port}") as channel:
+        yield channel
+    server.stop(None).wait()
+    app.extensions["serve.backend"].close()
+
+
+@pytest.fixture()
+def access_lines():
+    """The JSON lines the ``serve.access`` logger writes while the test runs."""
+    from serve import logs
+
+    stream = io.StringIO()
+    handler = logging.StreamHandler(stream)
+    handler.setFormatter(logs.formatter("json"))
+    handler.addFilter(logs.RequestIdFilter())
+    logging.getLogger("serve.access").addHandler(handler)
+    yield lambda: [json.loads(line) for line in stream.getvalue().splitlines()]
+    logging.getLogger("serve.access").removeHandler(handler)
+
+
+def _predict(n=2, name="cifar10"):
+    request = predict_pb2.PredictRequest()
+    request.model_spec.name = name
+    request.inputs[contract.INPUT_PIXELS].CopyFrom(tensors.to_proto(synthetic.make_images(1)[0][:n]))
+    return request
+
+
+def _metadata(request_id=None, key=KEY):
+    pairs = [("x-api-key", key)] if key else []
+    return tuple(pairs + ([("x-request-id", request_id)] if request_id is not None else []))
+
+
+def test_the_callers_id_comes_back_and_names_the_calls_log_line(channel, access_lines):
+    stub = prediction_service_pb2_grpc.PredictionServiceStub(channel)
+    _, call = stub.Predict.with_call(_predict(), metadata=_metadata("grpc-good-1"), timeout=DEADLINE_S)
+    assert dict(call.initial_metadata())["x-request-id"] == "grpc-good-1"
+    (line,) = [line for line in access_lines() if line["request_id"] == "grpc-good-1"]
+    assert line["route"] == "/tensorflow.serving.PredictionService/Predict" and line["status"] == "OK"
+    assert line["model_version"] == 1 and line["images"] == 2 and line["client"] == "127.0.0.1"
+    assert line["duration_ms"] > 0 and KEY not in json.dumps(line)
+
+
+@pytest.mark.parametrize("given", [None, "", "has space", "x" * 129, "semi;colon"])
+def test_a_missing_or_odd_id_is_replaced_by_a_new_one(channel, given):
+    stub = grpc_predict_v2_pb2_grpc.GRPCInferenceServiceStub(channel)
+    _, call = stub.ServerLive.with_call(v2.ServerLiveRequest(), metadata=_metadata(given), timeout=DEADLINE_S)
+    assert re.fullmatch(r"[0-9a-f]{32}", dict(call.initial_metadata())["x-request-id"])
+
+
+@pytest.mark.parametrize("case", ["refused", "not-found", "bad-input"])
+def test_a_refusal_carries_the_id_and_logs_its_code(channel, access_lines, case):
+    stub = prediction_service_pb2_grpc.PredictionServiceStub(channel)
+    request, metadata, code = {
+        "refused": (_predict(), _metadata(f"grpc-{case}", key=None), grpc.StatusCode.UNAUTHENTICATED),
+        "not-found": (_predict(name="nope"), _metadata(f"grpc-{case}"), grpc.StatusCode.NOT_FOUND),
+        "bad-input": (predict_pb2.PredictRequest(model_spec={"name": "cifar10"}), _metadata(f"grpc-{case}"),
+                      grpc.StatusCode.INVALID_ARGUMENT),
+    }[case]
+    with pytest.raises(grpc.RpcError) as raised:
+        stub.Predict(request, metadata=metadata, timeout=DEADLINE_S)
+    assert raised.value.code() == code
+    assert dict(raised.value.initial_metadata())["x-request-id"] == f"grpc-{case}"
+    (line,) = [line for line in access_lines() if line["request_id"] == f"grpc-{case}"]
+    assert line["status"] == code.name and line["images"] == 0
+
+
+def test_v2_infer_and_health_calls_have_ids_too(channel, access_lines):
+    health = health_pb2_grpc.HealthStub(channel)
+    _, call = health.Check.with_call(health_pb2.HealthCheckRequest(), metadata=(("x-request-id", "probe-1"),),
+                                     timeout=DEADLINE_S)
+    assert dict(call.initial_metadata())["x-request-id"] == "probe-1"
+    pixels = synthetic.make_images(1)[0][:1]
+    request = v2.ModelInferRequest(model_name="cifar10", inputs=[v2.ModelInferRequest.InferInputTensor(
+        name=contract.INPUT_PIXELS, datatype="UINT8", shape=list(pixels.shape))], raw_input_contents=[pixels.tobytes()])
+    _, call = grpc_predict_v2_pb2_grpc.GRPCInferenceServiceStub(channel).ModelInfer.with_call(
+        request, metadata=_metadata("v2-1"), timeout=DEADLINE_S)
+    assert dict(call.initial_metadata())["x-request-id"] == "v2-1"
+    lines = {line["request_id"]: line for line in access_lines()}
+    assert lines["v2-1"]["route"] == "/inference.GRPCInferenceService/ModelInfer" and lines["v2-1"]["images"] == 1
+    assert lines["probe-1"]["status"] == "OK"
+    assert np.isfinite(lines["v2-1"]["duration_ms"])
