@@ -39,6 +39,8 @@ LOG_LEVELS = ("debug", "info", "warning", "error", "critical")
 LOG_FORMATS = ("json", "text")
 #: What ``OTEL_TRACES_EXPORTER`` may name (a comma-separated list): serve.tracing builds each.
 TRACES_EXPORTERS = ("otlp", "console", "none")
+#: The OTLP transports the server ships an exporter for (opentelemetry-exporter-otlp-proto-http).
+OTLP_PROTOCOLS = ("http/protobuf",)
 DEFAULT_RATE_LIMIT_STORE = "memory://"
 #: The storage schemes Flask-Limiter's ``limits`` package accepts.
 RATE_LIMIT_STORES = ("memory", "redis", "rediss", "redis+unix", "redis+sentinel", "redis+cluster", "memcached", "mongodb", "valkey")
@@ -227,6 +229,9 @@ class Settings:
     # OpenTelemetry traces (serve.tracing); the SDK and its exporter read their own OTEL_* variables too.
     traces_exporter: str = _var("OTEL_TRACES_EXPORTER", _exporters, "none")
     service_name: str = _var("OTEL_SERVICE_NAME", _text, None)  # None: the SDK's resource, else "serve"
+    # Only OTLP over HTTP is installed: asking for gRPC is refused here, not sent over HTTP unannounced.
+    otlp_protocol: str = _var("OTEL_EXPORTER_OTLP_PROTOCOL", _choice(*OTLP_PROTOCOLS), None)
+    otlp_traces_protocol: str = _var("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL", _choice(*OTLP_PROTOCOLS), None)
 
     def __post_init__(self):
         if self.model_dir is None:

@@ -355,6 +355,10 @@ def test_the_exporter_is_a_checked_setting_and_the_service_has_a_name(monkeypatc
     for bad in ("zipkin", "none,console", ","):
         with pytest.raises(SettingsError, match="OTEL_TRACES_EXPORTER"):
             Settings.from_env({"OTEL_TRACES_EXPORTER": bad})
+    for variable in ("OTEL_EXPORTER_OTLP_PROTOCOL", "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL"):
+        assert getattr(Settings.from_env({variable: "http/protobuf"}), variable[5:].lower().replace("exporter_", "")) == "http/protobuf"
+        with pytest.raises(SettingsError, match=variable):  # no gRPC exporter is installed: refused, not ignored
+            Settings.from_env({variable: "grpc"})
     assert type(tracing.exporter("console")).__name__ == "ConsoleSpanExporter"
     assert type(tracing.exporter("otlp")).__name__ == "OTLPSpanExporter"
     monkeypatch.delenv("OTEL_SERVICE_NAME", raising=False)
