@@ -75,15 +75,16 @@ def _integers(text):
     text = bytes(text)
     if text.translate(None, b"0123456789[]," + _WHITE):
         return None
-    chars = np.frombuffer(text, np.uint8)
-    digits = chars - np.uint8(_ZERO)  # brackets, commas and white space wrap around to 43 and up
+    compact = text.translate(None, _WHITE)
+    chars = np.frombuffer(compact, np.uint8)
+    digits = chars - np.uint8(_ZERO)  # brackets and commas wrap around to 43 and up
     digit = digits < 10
-    if len(text.translate(None, _WHITE)) != len(text):
-        kept = np.flatnonzero(chars > 32)  # white space is the only text below "!" that got this far
-        # White space between two digits ends a number ("1 2" is not JSON): not for the fast path.
-        if ((np.diff(kept) > 1) & digit[kept[:-1]] & digit[kept[1:]]).any():
+    if len(compact) != len(text):
+        # White space between two digits ends a number ("1 2" is not JSON): then taking the white
+        # space out joins two runs of digits into one. Not for the fast path.
+        spaced = (np.frombuffer(text, np.uint8) - np.uint8(_ZERO)) < 10
+        if _runs(spaced) != _runs(digit):
             return None
-        chars, digits, digit = chars[kept], digits[kept], digit[kept]
     starts = digit.copy()
     starts[1:] &= ~digit[:-1]
     ends = digit.copy()
@@ -105,6 +106,11 @@ def _integers(text):
         more = lengths > j
         values = np.where(more, values * 10 + digits[np.minimum(first + j, len(digits) - 1)], values)
     return values.reshape(shape)
+
+
+def _runs(mask):
+    """How many runs of True ``mask`` holds."""
+    return int(mask[0]) + int(np.count_nonzero(mask[1:] & ~mask[:-1]))
 
 
 def _shape(skeleton):
