@@ -80,7 +80,7 @@ def serve_round(name, model_dir, bodies, expected, args, logdir):
     base = f"http://127.0.0.1:{port}"
     routes = servers.ROUTES[name]
     cells = [c for c in load.CELLS if c.kind in routes and (name != servers.FLOOR or c.key in servers.FLOOR_CELLS)]
-    result = {"cells": {}}
+    result = {"cells": {}, "load_average": os.getloadavg()[0]}
     try:
         path, content_type = bodies[("json", 1)]
         with open(path, "rb") as f:
@@ -113,6 +113,7 @@ def main(argv=None):
     parser.add_argument("--model-dir", help="a models/NAME/ root of an export (default: a cached synthetic seed_cnn)")
     parser.add_argument("--duration", type=int, default=10, help="seconds of wrk per cell (default 10)")
     parser.add_argument("--warmup", type=int, default=3, help="seconds of wrk before each cell, not counted (default 3)")
+    parser.add_argument("--rounds", type=int, default=1, help="times through every server; the table shows each cell's median (default 1)")
     parser.add_argument("--output", default=os.path.join(ROOT, "bench", "results", "serving_peers.json"), help="results JSON")
     args = parser.parse_args(argv)
     names = servers.resolve(args.only)
@@ -127,20 +128,23 @@ def main(argv=None):
             versions[name] = servers.installed_version(name)
     images = request_images(64)
     expected = reference(model_dir, images)
-    results = {}
+    rounds = []
     with tempfile.TemporaryDirectory(prefix="serving-peers-") as tmp:
         bodies = load.write_bodies(tmp, images, [png(image) for image in images])
         logdir = os.path.join(ROOT, "bench", "results", "serving_peers_logs")
         os.makedirs(logdir, exist_ok=True)
-        for name in names:
-            print(f"{name}:", flush=True)
-            results[name] = serve_round(name, model_dir, bodies, expected, args, logdir)
+        for number in range(1, args.rounds + 1):
+            rounds.append({})
+            for name in names:
+                print(f"{name} (round {number} of {args.rounds}):", flush=True)
+                rounds[-1][name] = serve_round(name, model_dir, bodies, expected, args, logdir)
+    results = load.combine(rounds)
 
     headers = [f"{servers.VERSIONS[n]} {versions[n]}" if n in versions else n for n in names]
     table = load.markdown({h: results[n] for h, n in zip(headers, names)}, headers)
     print()
-    print(f"CPU: {cpu['line']}; {args.duration} s a cell after {args.warmup} s of warm-up; model {model_dir}")
-    print("c=1: p50 / p99; c=32: requests/s (p99); 64 images: images/s (p99); errors shown where any")
+    print(f"CPU: {cpu['line']}; {args.duration} s a cell after {args.warmup} s of warm-up, {args.rounds} round(s); model {model_dir}")
+    print("c=1: p50 / p99; c=32: requests/s (p99); 64 images: images/s (p99); medians over the rounds; errors shown where any")
     print(table)
     failed = {n: r["failed"] for n, r in results.items() if "failed" in r}
     for n, why in failed.items():
@@ -148,7 +152,7 @@ def main(argv=None):
     os.makedirs(os.path.dirname(os.path.abspath(args.output)), exist_ok=True)
     with open(args.output, "w") as f:
         json.dump({"cpu": cpu, "python": platform.python_version(), "model_dir": model_dir, "duration_s": args.duration,
-                   "warmup_s": args.warmup, "versions": versions, "servers": results, "table": table}, f, indent=2, default=str)
+                   "warmup_s": args.warmup, "rounds": args.rounds, "versions": versions, "servers": results, "table": table}, f, indent=2, default=str)
     print(f"results: {args.output}")
     return 1 if failed else 0
 

@@ -8,6 +8,7 @@ a request at c=2, as JSON ``instances``, multipart PNG and v2 JSON.
 import json
 import os
 import re
+import statistics
 import subprocess
 
 import numpy as np
@@ -134,6 +135,28 @@ def run_wrk(url, body_path, content_type, threads, connections, seconds, timeout
     return parse_wrk(subprocess.run(argv, env=env, capture_output=True, text=True, check=True).stdout)
 
 
+def combine(rounds):
+    """One result per server from ``rounds`` (each ``{server: result}``): the median rate and percentiles
+    of each cell over the rounds, its errors and requests summed, any wrong answer kept, the largest memory."""
+    combined = {}
+    for name in rounds[0]:
+        runs = [r[name] for r in rounds if name in r]
+        cells = {}
+        for key in {k for run in runs for k in run.get("cells", {})}:
+            rows = [run["cells"][key] for run in runs if key in run.get("cells", {})]
+            cell = {k: statistics.median(row[k] for row in rows) for k in ("requests_per_s", "p50_ms", "p99_ms")}
+            cell.update({k: sum(row[k] for row in rows) for k in ("requests", "non_2xx", "socket_errors", "timeouts")})
+            cell["wrong"] = next((row["wrong"] for row in rows if row.get("wrong")), None)
+            cell["rounds"] = rows
+            cells[key] = cell
+        combined[name] = {"cells": cells, "rss_mb": max((run.get("rss_mb") or 0 for run in runs), default=0) or None,
+                          "load_average": [run.get("load_average") for run in runs]}
+        failed = [run["failed"] for run in runs if "failed" in run]
+        if failed:
+            combined[name]["failed"] = "; ".join(failed)
+    return combined
+
+
 # -- the table ---------------------------------------------------------------------------------
 def errors(row):
     return row["non_2xx"] + row["socket_errors"] + row["timeouts"]
@@ -170,6 +193,9 @@ def markdown(results, servers):
         lines.append(f"| {cell.label} | " + " | ".join(entries) + " |")
     rss = [results.get(name, {}).get("rss_mb") for name in servers]
     lines.append("| resident memory, all processes after the run | " + " | ".join(f"{r:,.0f} MB" if r else "—" for r in rss) + " |")
+    loads = [results.get(name, {}).get("load_average") or [] for name in servers]
+    if any(loads):
+        lines.append("| 1-min load average as the server started | " + " | ".join(", ".join(f"{x:.1f}" for x in la if x is not None) or "—" for la in loads) + " |")
     return "\n".join(lines)
 
 

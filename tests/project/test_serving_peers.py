@@ -91,3 +91,19 @@ def test_the_table_has_a_row_per_cell_a_server_answered_and_marks_what_went_wron
     assert "1.50 / 4.00 ms" in rows[CELL["json-1-c1"].label]
     assert "640 img/s" in rows[CELL["json-64-c2"].label] and "3 timeouts" in rows[CELL["json-64-c2"].label]
     assert "wrong answer" in rows[CELL["json-64-c2"].label] and rows[CELL["json-64-c2"].label].endswith("| — |")
+
+
+def test_rounds_combine_into_medians_with_every_error_and_wrong_answer_kept():
+    def row(rate, errors=0, wrong=None):
+        return {"requests": 10, "requests_per_s": rate, "p50_ms": 1000 / rate, "p99_ms": 2000 / rate,
+                "non_2xx": errors, "socket_errors": 0, "timeouts": 0, "wrong": wrong}
+
+    rounds = [{"a": {"cells": {"json-1-c32": row(100.0)}, "rss_mb": 90.0, "load_average": 1.0}},
+              {"a": {"cells": {"json-1-c32": row(300.0, errors=2)}, "rss_mb": 110.0, "load_average": 3.0}},
+              {"a": {"cells": {"json-1-c32": row(200.0, wrong="image 0")}, "load_average": 2.0, "failed": "RuntimeError: x"}}]
+    a = load.combine(rounds)["a"]
+    cell = a["cells"]["json-1-c32"]
+    assert (cell["requests_per_s"], cell["p50_ms"]) == (200.0, 5.0)
+    assert (cell["requests"], cell["non_2xx"], cell["wrong"]) == (30, 2, "image 0")
+    assert (a["rss_mb"], a["load_average"], a["failed"]) == (110.0, [1.0, 3.0, 2.0], "RuntimeError: x")
+    assert "1.0, 3.0, 2.0" in load.markdown({"a": a}, ["a"])
