@@ -9,10 +9,10 @@
 * ``POST /classify``: a multipart upload of PNG files in field ``file`` (a ``list`` of
   ``PIL.Image.Image``, BentoML's image input), answered the same way.
 
-Both are ``@bentoml.api(batchable=True)``: BentoML's adaptive batching, its own defaults (at most
-100 items, 60 s latency ceiling; the dispatcher sizes its window from the traffic) as its
-adaptive-batching guide recommends starting with. ``@bentoml.service(workers=2)``: two worker
-processes. The model path comes from ``BENCH_MODEL_DIR`` (``bentoml serve`` imports the module).
+Both are ``@bentoml.api(batchable=True)``: BentoML's adaptive batching with the limits its 1.4
+API gives by default (``max_batch_size=100``, ``max_latency_ms=60000``; the dispatcher sizes its
+window from the traffic it sees). ``@bentoml.service(workers=2)``: two worker processes. The model
+path comes from ``BENCH_MODEL_DIR`` (``bentoml serve`` imports the module).
 """
 
 import os

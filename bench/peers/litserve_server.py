@@ -5,12 +5,14 @@
 One ``LitAPI`` on ``POST /predict`` takes either body its docs show: JSON (here ``{"instances":
 [N x 32 x 32 x 3 ints]}``, TF Serving's shape) or a multipart upload (``decode_request`` reads the
 PNG files of field ``file``, as LitServe's image examples do). Both answer ``{"predictions": [[10
-probabilities], ...]}``. Settings from LitServe's ``LitServer`` docstring and batching guide:
-``accelerator="cpu"``, ``workers_per_device=2`` (its docs: the number of cores on a CPU),
-``fast_queue=True`` (ZeroMQ, "for > 100 RPS"), ``num_api_servers`` left to its default (one per
-inference worker), and dynamic batching of up to 32 requests waiting at most 5 ms. A request of
-64 images is one item of a batch; ``batch`` concatenates the items' images, ``unbatch`` splits
-the answer back.
+probabilities], ...]}``. Settings from ``LitServer``'s docstring (0.2.19): ``accelerator="cpu"``,
+``workers_per_device=2`` ("for CPU, set to the number of cores"), ``fast_queue=True`` (ZeroMQ,
+"for high-throughput scenarios (>100 RPS)"), ``num_api_servers`` left to its default (one per
+inference worker). Batching: up to 32 requests, waiting at most 5 ms. LitServe's docstring example
+(``max_batch_size=8, batch_timeout=0.1``) is a GPU's, and a 100 ms wait would be added to every
+request at c=1; 5 ms keeps that wait small, and 32 lets c=32's single images fill a batch.
+A request of 64 images is one item of a batch; ``batch`` concatenates the items' images,
+``unbatch`` splits the answer back.
 """
 
 import argparse
