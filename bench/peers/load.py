@@ -1,0 +1,220 @@
+"""bench/serving_peers.py's requests, load and table: the request bodies, wrk, the answer check, the markdown.
+
+Every cell posts one prepared body with ``wrk`` (bench/wrk/post_body.lua prints wrk's exact latency
+percentiles and its error counters as one ``WRK_JSON`` line): 1 image at c=1 and c=32, 64 images
+a request at c=2, as JSON ``instances``, multipart PNG and v2 JSON.
+"""
+
+import json
+import os
+import re
+import statistics
+import subprocess
+
+import numpy as np
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(os.path.dirname(HERE))
+WRK_SCRIPT = os.path.join(ROOT, "bench", "wrk", "post_body.lua")
+BOUNDARY = "benchpeers5b2e9a"
+JSON = "application/json"
+MULTIPART = f"multipart/form-data; boundary={BOUNDARY}"
+
+
+class Cell:
+    def __init__(self, key, kind, images, threads, connections):
+        self.key, self.kind, self.images, self.threads, self.connections = key, kind, images, threads, connections
+
+    @property
+    def label(self):
+        what = {"json": "JSON `instances`", "png": "multipart PNG", "v2": "v2 JSON"}[self.kind]
+        return f"{what}, {self.images} image{'s' if self.images > 1 else ''}, c={self.connections}"
+
+
+CELLS = (
+    Cell("json-1-c1", "json", 1, 1, 1),
+    Cell("json-1-c32", "json", 1, 2, 32),
+    Cell("json-64-c2", "json", 64, 1, 2),
+    Cell("png-1-c1", "png", 1, 1, 1),
+    Cell("png-1-c32", "png", 1, 2, 32),
+    Cell("png-64-c2", "png", 64, 1, 2),
+    Cell("v2-1-c1", "v2", 1, 1, 1),
+    Cell("v2-1-c32", "v2", 1, 2, 32),
+    Cell("v2-64-c2", "v2", 64, 1, 2),
+)
+
+
+# -- bodies ------------------------------------------------------------------------------------
+def body(kind, images, pngs):
+    """(bytes, content type) of a request carrying ``images`` (uint8 [N, 32, 32, 3]) as ``kind``."""
+    if kind == "json":
+        return json.dumps({"instances": images.tolist()}, separators=(",", ":")).encode(), JSON
+    if kind == "v2":
+        tensor = {"name": "images", "shape": list(images.shape), "datatype": "UINT8", "data": images.ravel().tolist()}
+        return json.dumps({"inputs": [tensor]}, separators=(",", ":")).encode(), JSON
+    if kind == "png":
+        parts = [
+            f'--{BOUNDARY}\r\nContent-Disposition: form-data; name="file"; filename="{i}.png"\r\n'
+            f"Content-Type: image/png\r\n\r\n".encode() + data + b"\r\n"
+            for i, data in enumerate(pngs[: len(images)])
+        ]
+        return b"".join(parts) + f"--{BOUNDARY}--\r\n".encode(), MULTIPART
+    raise ValueError(kind)
+
+
+def write_bodies(folder, images, pngs):
+    """``{(kind, count): (path, content type)}`` for every body a cell posts."""
+    paths = {}
+    for kind, count in {(c.kind, c.images) for c in CELLS}:
+        data, content_type = body(kind, images[:count], pngs)
+        path = os.path.join(folder, f"{kind}-{count}.body")
+        with open(path, "wb") as f:
+            f.write(data)
+        paths[(kind, count)] = (path, content_type)
+    return paths
+
+
+# -- answers -----------------------------------------------------------------------------------
+def answer_rows(answer):
+    """``[(class id, probabilities or None)]`` from any server's JSON answer.
+
+    v2 (``outputs``, the one named ``probabilities``); TF Serving (``predictions``, rows of
+    probabilities or objects holding ``probabilities``); this project's ``/api/v1/predict``
+    (``predictions`` of objects with ``class_id`` only); a bare array of rows (BentoML).
+    """
+    if isinstance(answer, dict) and "outputs" in answer:
+        output = next(o for o in answer["outputs"] if o["name"] == "probabilities")
+        probabilities = np.asarray(output["data"], np.float32).reshape(output["shape"])
+        return [(int(p.argmax()), p) for p in probabilities]
+    rows = answer["predictions"] if isinstance(answer, dict) else answer
+    out = []
+    for row in rows:
+        if isinstance(row, dict) and "probabilities" not in row:
+            out.append((int(row["class_id"]), None))
+            continue
+        p = np.asarray(row["probabilities"] if isinstance(row, dict) else row, np.float32)
+        out.append((int(p.argmax()), p))
+    return out
+
+
+def check_answer(answer, reference, tolerance=1e-4):
+    """None when every row's top class is the reference's (and its probabilities within ``tolerance``), else why not."""
+    rows = answer_rows(answer)
+    if len(rows) != len(reference):
+        return f"{len(rows)} answers for {len(reference)} images"
+    for i, ((class_id, probabilities), expected) in enumerate(zip(rows, reference)):
+        if class_id != int(expected.argmax()):
+            return f"image {i}: class {class_id}, this project's model says {int(expected.argmax())}"
+        if probabilities is not None and float(np.abs(probabilities - expected).max()) > tolerance:
+            return f"image {i}: probabilities differ by {float(np.abs(probabilities - expected).max()):.2g}"
+    return None
+
+
+# -- wrk ---------------------------------------------------------------------------------------
+def parse_wrk(output):
+    """The numbers of bench/wrk/post_body.lua's ``WRK_JSON`` line in ``output``."""
+    match = re.search(r"^WRK_JSON (.*)$", output, re.M)
+    if not match:
+        raise RuntimeError(f"no WRK_JSON line in wrk's output:\n{output}")
+    r = json.loads(match.group(1))
+    seconds = r["duration_us"] / 1e6
+    return {
+        "requests": r["requests"],
+        "requests_per_s": r["requests"] / seconds,
+        "p50_ms": r["p50_us"] / 1000.0,
+        "p99_ms": r["p99_us"] / 1000.0,
+        "non_2xx": r["status_errors"],  # wrk counts answers with a status above 399
+        "socket_errors": r["connect_errors"] + r["read_errors"] + r["write_errors"],
+        "timeouts": r["timeouts"],
+    }
+
+
+def run_wrk(url, body_path, content_type, threads, connections, seconds, timeout_s=10):
+    env = dict(os.environ, WRK_BODY=body_path, WRK_CONTENT_TYPE=content_type)
+    argv = ["wrk", f"-t{threads}", f"-c{connections}", f"-d{seconds}s", "--timeout", f"{timeout_s}s", "--latency", "-s", WRK_SCRIPT, url]
+    return parse_wrk(subprocess.run(argv, env=env, capture_output=True, text=True, check=True).stdout)
+
+
+def combine(rounds):
+    """One result per server from ``rounds`` (each ``{server: result}``): the median rate and percentiles
+    of each cell over the rounds, its errors and requests summed, any wrong answer kept, the largest memory."""
+    combined = {}
+    for name in rounds[0]:
+        runs = [r[name] for r in rounds if name in r]
+        cells = {}
+        for key in {k for run in runs for k in run.get("cells", {})}:
+            rows = [run["cells"][key] for run in runs if key in run.get("cells", {})]
+            cell = {k: statistics.median(row[k] for row in rows) for k in ("requests_per_s", "p50_ms", "p99_ms")}
+            cell.update({k: sum(row[k] for row in rows) for k in ("requests", "non_2xx", "socket_errors", "timeouts")})
+            cell["wrong"] = next((row["wrong"] for row in rows if row.get("wrong")), None)
+            cell["rounds"] = rows
+            cells[key] = cell
+        combined[name] = {"cells": cells, "rss_mb": max((run.get("rss_mb") or 0 for run in runs), default=0) or None,
+                          "load_average": [run.get("load_average") for run in runs]}
+        failed = [run["failed"] for run in runs if "failed" in run]
+        if failed:
+            combined[name]["failed"] = "; ".join(failed)
+    return combined
+
+
+# -- the table ---------------------------------------------------------------------------------
+def errors(row):
+    return row["non_2xx"] + row["socket_errors"] + row["timeouts"]
+
+
+def format_cell(cell, row):
+    """One table entry: c=1 the p50 and p99; otherwise requests/s (images/s for 64) and p99; then any errors."""
+    if row is None:
+        return "—"
+    if "error" in row:
+        return f"failed: {row['error']}"
+    if row["requests"] == 0:
+        text = "no answer within the run"
+    elif cell.connections == 1:
+        text = f"{row['p50_ms']:.2f} / {row['p99_ms']:.2f} ms"
+    elif cell.images > 1:
+        text = f"{row['requests_per_s'] * cell.images:,.0f} img/s (p99 {row['p99_ms']:.1f} ms)"
+    else:
+        text = f"{row['requests_per_s']:,.0f} req/s (p99 {row['p99_ms']:.1f} ms)"
+    if errors(row):
+        text += f"; **{row['non_2xx']} non-2xx, {row['socket_errors']} socket errors, {row['timeouts']} timeouts**"
+    if row.get("wrong"):
+        text += f"; **wrong answer: {row['wrong']}**"
+    return text
+
+
+def markdown(results, servers):
+    """Rows = cells (c=1: p50 / p99; c=32: requests/s; 64 images: images/s), columns = ``servers``."""
+    lines = ["| cell | " + " | ".join(servers) + " |", "|---|" + "---|" * len(servers)]
+    for cell in CELLS:
+        entries = [format_cell(cell, results.get(name, {}).get("cells", {}).get(cell.key)) for name in servers]
+        if all(e == "—" for e in entries):
+            continue
+        lines.append(f"| {cell.label} | " + " | ".join(entries) + " |")
+    rss = [results.get(name, {}).get("rss_mb") for name in servers]
+    lines.append("| resident memory, all processes after the run | " + " | ".join(f"{r:,.0f} MB" if r else "—" for r in rss) + " |")
+    loads = [results.get(name, {}).get("load_average") or [] for name in servers]
+    if any(loads):
+        lines.append("| 1-min load average as the server started | " + " | ".join(", ".join(f"{x:.1f}" for x in la if x is not None) or "—" for la in loads) + " |")
+    return "\n".join(lines)
+
+
+def cpu_kind():
+    """``lscpu``'s model name, cores, and whether the CPU has AVX-512, AVX-512 BF16, VNNI, AMX."""
+    out = subprocess.run(["lscpu"], capture_output=True, text=True).stdout
+    fields = dict(line.split(":", 1) for line in out.splitlines() if ":" in line)
+    flags = set(fields.get("Flags", "").split())
+    has = {
+        "AVX2": "avx2" in flags,
+        "AVX-512": "avx512f" in flags,
+        "AVX-512 BF16": "avx512_bf16" in flags,
+        "VNNI": bool({"avx512_vnni", "avx_vnni"} & flags),
+        "AMX": "amx_tile" in flags,
+    }
+    return {
+        "model_name": fields.get("Model name", "?").strip(),
+        "cores": len(os.sched_getaffinity(0)),
+        "flags": has,
+        "line": f"{fields.get('Model name', '?').strip()}, {len(os.sched_getaffinity(0))} cores; "
+        + ", ".join(f"{k} {'yes' if v else 'no'}" for k, v in has.items()),
+    }

@@ -1,0 +1,139 @@
+"""bench/serving_peers.py's servers: how each starts, which routes it answers, its pinned virtual environment.
+
+This project and the hello-world floor run from the project's own environment (the Python that
+runs the benchmark); each peer runs from ``bench/peers/.venvs/NAME/``, made on first use from
+``bench/peers/requirements-NAME.txt`` (exact pins) and remade when that file changes.
+"""
+
+import hashlib
+import os
+import signal
+import subprocess
+import sys
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(os.path.dirname(HERE))
+VENVS = os.path.join(HERE, ".venvs")
+
+THIS = "this project"
+FLOOR = "hello-world floor"
+PEERS = ("kserve", "bentoml", "litserve")
+ORDER = (THIS, *PEERS, FLOOR)
+ALIASES = {"this": THIS, "floor": FLOOR, "hello": FLOOR}
+
+# Per server, the route of each kind of request; a kind it does not take is absent.
+ROUTES = {
+    THIS: {"json": "/v1/models/cifar10:predict", "png": "/api/v1/predict", "v2": "/v2/models/cifar10/infer"},
+    "kserve": {"json": "/v1/models/cifar10:predict", "v2": "/v2/models/cifar10/infer"},
+    "bentoml": {"json": "/predict", "png": "/classify"},
+    "litserve": {"json": "/predict", "png": "/predict"},
+    # The floor answers a fixed JSON to any POST on /api/v1/predict after reading the body.
+    FLOOR: {"json": "/api/v1/predict", "png": "/api/v1/predict"},
+}
+FLOOR_CELLS = ("json-1-c1", "json-1-c32", "png-1-c1", "png-1-c32")  # no model, so no 64-image cells
+
+VERSIONS = {"kserve": "KServe ModelServer", "bentoml": "BentoML", "litserve": "LitServe"}
+
+
+def resolve(names):
+    """Canonical server names, in ORDER, from a comma-separated list ("this,kserve,floor")."""
+    wanted = {ALIASES.get(n.strip().lower(), n.strip().lower()) for n in names.split(",") if n.strip()}
+    unknown = wanted - set(ORDER)
+    if unknown:
+        raise SystemExit(f"unknown servers {sorted(unknown)}; choose from this, {', '.join(PEERS)}, floor")
+    return [n for n in ORDER if n in wanted]
+
+
+def requirements(peer):
+    return os.path.join(HERE, f"requirements-{peer}.txt")
+
+
+def venv_python(peer):
+    return os.path.join(VENVS, peer, "bin", "python")
+
+
+def ensure_venv(peer, log=print):
+    """``bench/peers/.venvs/PEER/``, installed from its requirements file unless already installed from this very file."""
+    with open(requirements(peer), "rb") as f:
+        digest = hashlib.sha256(f.read()).hexdigest()
+    stamp = os.path.join(VENVS, peer, ".requirements.sha256")
+    if os.path.isfile(stamp) and open(stamp).read().strip() == digest:
+        return venv_python(peer)
+    log(f"installing {peer}'s environment in {os.path.relpath(os.path.join(VENVS, peer), ROOT)} (first use; a minute or two)")
+    if not os.path.isfile(venv_python(peer)):
+        # The base interpreter of the one running (a venv of a venv would point at ours).
+        subprocess.run([getattr(sys, "_base_executable", sys.executable), "-m", "venv", os.path.join(VENVS, peer)], check=True)
+    subprocess.run([venv_python(peer), "-m", "pip", "install", "--quiet", "--disable-pip-version-check", "-r", requirements(peer)], check=True)
+    with open(stamp, "w") as f:
+        f.write(digest + "\n")
+    return venv_python(peer)
+
+
+def installed_version(peer):
+    out = subprocess.run([venv_python(peer), "-m", "pip", "show", peer], capture_output=True, text=True).stdout
+    return next((line.split(":", 1)[1].strip() for line in out.splitlines() if line.startswith("Version:")), "?")
+
+
+def command(name, model_dir, port, grpc_port):
+    """(argv, extra environment) that start ``name`` on 127.0.0.1:``port``, its settings as its docs give them."""
+    if name == THIS:
+        # Its defaults: gunicorn, 2 workers x 16 threads, LiteRT float; its gRPC server on (on a free port).
+        return [sys.executable, "-m", "serve", "--model-dir", model_dir, "--host", "127.0.0.1", "--port", str(port),
+                "--grpc-port", str(grpc_port)], {}
+    if name == FLOOR:
+        argv = [sys.executable, "-m", "gunicorn", "-c", "python:serve.gunicorn_conf", "bench.hello_app:create_app()"]
+        return argv, {"HOST": "127.0.0.1", "PORT": str(port), "GRPC_PORT": "0", "MALLOC_ARENA_MAX": "2"}
+    python = venv_python(name)
+    if name == "kserve":
+        return [python, os.path.join(HERE, "kserve_server.py"), "--model-dir", model_dir, "--http_port", str(port),
+                "--grpc_port", str(grpc_port), "--workers", "2"], {}
+    if name == "bentoml":
+        bentoml = os.path.join(os.path.dirname(python), "bentoml")
+        return [bentoml, "serve", "bentoml_service:CIFAR10", "--working-dir", HERE, "--host", "127.0.0.1", "--port", str(port)], {
+            "BENCH_MODEL_DIR": model_dir, "BENTOML_DO_NOT_TRACK": "True"}
+    if name == "litserve":
+        return [python, os.path.join(HERE, "litserve_server.py"), "--model-dir", model_dir, "--port", str(port)], {}
+    raise ValueError(name)
+
+
+def tree_rss_mb(pid):
+    """Resident memory of ``pid`` and all its descendants, MB (a layout-independent figure: workers, arbiters, queues)."""
+    total, stack = 0.0, [pid]
+    while stack:
+        p = stack.pop()
+        try:
+            with open(f"/proc/{p}/status") as f:
+                total += next(int(line.split()[1]) for line in f if line.startswith("VmRSS:")) / 1024
+            for task in os.listdir(f"/proc/{p}/task"):
+                with open(f"/proc/{p}/task/{task}/children") as f:
+                    stack.extend(int(c) for c in f.read().split())
+        except (OSError, StopIteration):
+            pass
+    return total
+
+
+class Server:
+    """A server in its own process group; ``stop`` ends the whole group, the stray workers of a master that exited first included."""
+
+    def __init__(self, argv, env, log_path):
+        self.log = open(log_path, "ab")
+        self.proc = subprocess.Popen(argv, cwd=ROOT, env=env, stdout=self.log, stderr=subprocess.STDOUT, start_new_session=True)
+
+    def _group_alive(self):
+        try:
+            os.killpg(self.proc.pid, 0)
+            return True
+        except ProcessLookupError:
+            return False
+
+    def stop(self, grace_s=30):
+        if self._group_alive():
+            os.killpg(self.proc.pid, signal.SIGTERM)
+        deadline = time.monotonic() + grace_s
+        while time.monotonic() < deadline and (self.proc.poll() is None or self._group_alive()):
+            time.sleep(0.2)
+        if self._group_alive():  # a worker that outlived its master (LitServe's do, on SIGTERM)
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        self.proc.wait()
+        self.log.close()
