@@ -58,6 +58,7 @@ from contract import (
     RESIZE_METHOD,
     WARMUP_FILE,
     WEIGHTS_FILE,
+    sha256_file,
 )
 from contract import manifest as manifests
 from contract.arguments import add_renamed, positive_int
@@ -88,9 +89,12 @@ def run(run_dir, model_dir=DEFAULT_MODEL_DIR, name=DEFAULT_MODEL_NAME, version=N
     weights_path = os.path.join(run_dir, WEIGHTS_FILE)
     if not os.path.isfile(weights_path):
         raise ExportError(f"no {WEIGHTS_FILE} in {run_dir}")
-    if not os.path.isfile(os.path.join(run_dir, manifest.samples.file)):
+    samples_path = os.path.join(run_dir, manifest.samples.file)
+    if not os.path.isfile(samples_path):
         raise ExportError(f"no {manifest.samples.file} in {run_dir}, which its manifest names (LiteRT models are "
                           "checked on it); train the run again")
+    if sha256_file(samples_path) != manifest.samples.sha256:
+        raise ExportError(f"{samples_path} is not the file the run's manifest describes (sha256 differs)")
     if version is not None and version < 1:
         raise ExportError(f"version must be a positive integer, not {version}")
     if not name or os.sep in name or name.startswith(".") or name != name.strip():
