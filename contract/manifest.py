@@ -88,9 +88,7 @@ class Holdout:
 
 
 @_section
-class Input:
-    """The input contract every model takes."""
-
+class Input:  # the input contract every model takes
     shape: list  # [32, 32, 3]
     dtype: str
     range: list  # [0, 255]
@@ -100,9 +98,7 @@ class Input:
 
 
 @_section
-class Training:
-    """How the weights were made."""
-
+class Training:  # how the weights were made
     data: str | None  # what --data named (None: data handed in by a caller)
     train_images: int
     test_images: int
@@ -198,7 +194,7 @@ class Manifest:
 @_section
 class Tensor:
     dtype: str
-    shape: list  # -1 for a dimension of any size
+    shape: list  # -1: any size
 
 
 @_section
@@ -208,9 +204,7 @@ class Signature:
 
 
 @_section
-class Gate:
-    """What a LiteRT model must meet to be published (export/litert.py)."""
-
+class Gate:  # what a LiteRT model must meet to be published (export/litert.py)
     float_tolerance: float
     int8_min_agreement: float
 
@@ -230,9 +224,7 @@ class Int8Calibration:
 
 
 @_section
-class RuntimeCheck:
-    """One LiteRT model against the SavedModel: published, or refused and why."""
-
+class RuntimeCheck:  # one LiteRT model against the SavedModel: published, or refused and why
     file: str
     published: bool
     reason: str | None = None  # why it was not published
@@ -247,9 +239,7 @@ class RuntimeCheck:
 
 
 @_section
-class LiteRT:
-    """export/litert.py's checks: the gate, the images, and each runtime's model by runtime name."""
-
+class LiteRT:  # export/litert.py's checks: the gate, the images, each runtime's model by runtime name
     gate: Gate
     checked_on: CheckedOn
     savedmodel_accuracy: float  # the SavedModel's own accuracy on the same images
@@ -257,9 +247,7 @@ class LiteRT:
 
 
 @_section
-class Export:
-    """Where a published version came from."""
-
+class Export:  # where a published version came from
     model_name: str
     version: int
     exported: str  # ISO 8601, UTC
@@ -270,9 +258,7 @@ class Export:
 
 
 @_section
-class Ood:
-    """The out-of-distribution score (contract.confidence) and the threshold chosen for it."""
-
+class Ood:  # the out-of-distribution score (contract.confidence) and the threshold chosen for it
     method: str
     higher_is: str
     definition: str
@@ -308,18 +294,14 @@ class Ece:
 
 
 @_section
-class HeldOut:
-    """The held-out images' measures at temperature 1 and at the served temperature."""
-
+class HeldOut:  # the held-out images' measures at temperature 1 (before) and the served one (after)
     accuracy: float
     nll: BeforeAfter
     ece: Ece
 
 
 @_section
-class Confidence:
-    """How the served probabilities and verdicts are made (export/calibration.py)."""
-
+class Confidence:  # how the served probabilities and verdicts are made (export/calibration.py)
     temperature: float  # the served probabilities are softmax(logits / temperature)
     calibrated: bool
     ood: Ood

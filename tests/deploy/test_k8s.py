@@ -701,8 +701,8 @@ def test_export_job_writes_where_serving_reads(rendered):
     args = build_parser().parse_args(c["args"])
     # The model folder the front end and TF Serving read: same claim, same place, same name.
     serving_env = image_env(ROOT / "Dockerfile")
-    assert args.name == serving_env["MODEL_NAME"] == DEFAULT_MODEL_NAME
-    assert env_of(container(one(rendered["overlays/tfserving"], "Deployment", "tfserving")))["MODEL_NAME"] == args.name
+    assert args.model_name == serving_env["MODEL_NAME"] == DEFAULT_MODEL_NAME
+    assert env_of(container(one(rendered["overlays/tfserving"], "Deployment", "tfserving")))["MODEL_NAME"] == args.model_name
     front_end = one(rendered["overlays/local"], "Deployment", "cifar-serve")
     assert claim_path(job, c, args.model_dir) == claim_path(front_end, container(front_end, "serve"), serving_env["MODEL_BASE_PATH"])
     tfs = one(rendered["overlays/tfserving"], "Deployment", "tfserving")
