@@ -294,8 +294,8 @@ def test_weights_reproduce_the_fingerprint(trained_run):
     manifest = json.loads((trained_run / MANIFEST_FILE).read_text())
     model = models.build_model("seed_cnn", num_classes=3)
     model.load_weights(str(trained_run / WEIGHTS_FILE))
-    probe = models.fingerprint_images(manifest["fingerprint"]["seed"])
-    outputs = model(probe.astype("float32"), training=False).numpy()
+    images = models.fingerprint_images(manifest["fingerprint"]["seed"])
+    outputs = model(images.astype("float32"), training=False).numpy()
     np.testing.assert_allclose(outputs, manifest["fingerprint"]["outputs"], atol=1e-6)
 
 
@@ -305,6 +305,19 @@ def test_rerunning_a_finished_run_keeps_it(trained_run, capsys):
     assert "already holds a finished run" in capsys.readouterr().out
     assert (trained_run / WEIGHTS_FILE).read_bytes() == before
     assert manifest["model"]["name"] == "seed_cnn"
+
+
+def test_a_run_in_an_older_manifest_format_is_refused_with_the_commands_that_rebuild_it(tmp_path, capsys):
+    from contract import manifest as manifests
+    from train import cli
+
+    output = tmp_path / "old-run"
+    output.mkdir()
+    (output / MANIFEST_FILE).write_text(json.dumps({"format": 2, "model": {"name": "seed_cnn"}}))
+    assert cli.main(["--output", str(output), "--tpu", "none"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "has manifest format 2, not 3" in err and manifests.REBUILD in err
+    assert "pass --overwrite to train again" not in err  # the rebuild command already says it
 
 
 def test_mirrored_strategy_weights_load_into_a_plain_cpu_model(mirrored_run, mirrored_strategy, splits):
