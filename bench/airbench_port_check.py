@@ -17,7 +17,7 @@ in an environment with PyTorch), then, in this project's code:
 ::
 
     python bench/airbench94_trace.py --data ../shared/data/cifar10-jpeg.zip --out /tmp/trace.npz
-    python bench/airbench_port_check.py /tmp/trace.npz [--backend jax]
+    python bench/airbench_port_check.py /tmp/trace.npz [--keras-backend jax]
 
 Prints one JSON object; exits 1 when a comparison fails.
 """
@@ -31,6 +31,8 @@ import sys
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from contract.arguments import add_renamed  # noqa: E402  (after the path is set)
 
 GROUPS = {"2": "group1", "3": "group2", "4": "group3"}  # airbench's nn.Sequential indices
 
@@ -60,14 +62,14 @@ def relative(a, b):
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("trace", help=".npz from bench/airbench94_trace.py")
-    parser.add_argument("--backend", choices=("tensorflow", "jax"), default="tensorflow")
+    add_renamed(parser, "--keras-backend", "--backend", choices=("tensorflow", "jax"), default="tensorflow")
     parser.add_argument("--optimizer", choices=("sgd_pytorch", "sgd"),
                         help="override the recipe's optimizer (sgd: Keras's form, to see what it changes)")
     parser.add_argument("--floor-ratio", type=float, default=5.0,
                         help="the port may end at most this many times further from airbench's float32 weights "
                              "than airbench's own float64 run does (median over weights)")
     args = parser.parse_args()
-    os.environ["KERAS_BACKEND"] = args.backend
+    os.environ["KERAS_BACKEND"] = args.keras_backend
 
     import keras
 
@@ -78,7 +80,7 @@ def main():
     images, labels = trace["images"].astype("float32"), trace["labels"]
     model = models.build_model("airbench", 10)
     network = model.get_layer("views").network
-    report = {"backend": args.backend, "steps": steps, "batch_size": batch}
+    report = {"keras_backend": args.keras_backend, "steps": steps, "batch_size": batch}
 
     # 1. Whitening from the same images.
     airbench.whiten_from(model, images[:airbench.WHITEN_IMAGES])

@@ -4,7 +4,7 @@ The control is ``bench/airbench94_step_profile.py``, which times airbench94's ow
 way; run the two back to back on a quiet machine and divide. Both train on the same shape of data
 (``--images`` random 32x32 images, batch 1024): the step's arithmetic does not depend on the pixels.
 
-    python bench/airbench_step_profile.py [--backend jax] [--json out.json]
+    python bench/airbench_step_profile.py [--keras-backend jax] [--json out.json]
 
 Timed, each the median of ``--repeats`` after ``--warmup`` untimed:
 
@@ -32,6 +32,8 @@ import tempfile
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from contract.arguments import add_renamed  # noqa: E402  (after the path is set)
 
 KINDS = (  # (kind, substrings of TensorFlow op types), first match wins
     ("convolution backward", ("Conv2DBackprop",)),
@@ -105,7 +107,7 @@ def trace_ops(model, x, y, steps):
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--backend", choices=("tensorflow", "jax"), default="tensorflow")
+    add_renamed(parser, "--keras-backend", "--backend", choices=("tensorflow", "jax"), default="tensorflow")
     parser.add_argument("--images", type=int, default=10240, help="random training images (10 steps an epoch)")
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--warmup", type=int, default=2)
@@ -120,7 +122,7 @@ def main():
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     from train import hardware
 
-    hardware.prepare_environment(args.backend)  # as the trainer sets it: oneDNN on unless TF_ENABLE_ONEDNN_OPTS=0
+    hardware.prepare_environment(args.keras_backend)  # as the trainer sets it: oneDNN on unless TF_ENABLE_ONEDNN_OPTS=0
 
     import keras
     import numpy as np
@@ -150,7 +152,7 @@ def main():
                                   num_classes=10, alternate_flips=recipe.alternate_flips)
     x = images[:batch].astype("float32")
     y = keras.utils.to_categorical(labels[:batch], 10)
-    report = {"backend": args.backend, "keras": keras.__version__, "python": platform.python_version(),
+    report = {"keras_backend": args.keras_backend, "keras": keras.__version__, "python": platform.python_version(),
               "machine": platform.processor() or platform.machine(), "cpu_count": os.cpu_count(),
               "onednn": os.environ["TF_ENABLE_ONEDNN_OPTS"], "inter_op_threads": args.inter_op_threads,
               "batch": batch, "steps_per_epoch": steps_per_epoch, "repeats": args.repeats}
@@ -168,7 +170,7 @@ def main():
     network = model.get_layer("views").network
     weights = network.trainable_weights
     optimizer = model.optimizer
-    if args.backend == "tensorflow":
+    if args.keras_backend == "tensorflow":
         import tensorflow as tf
 
         @tf.function
@@ -198,7 +200,7 @@ def main():
         iterator = iter(pipeline)
         seconds["input"] = median_seconds(lambda: next(iterator)[0].numpy(), args.repeats * 4, args.warmup)
     report["seconds"] = {name: round(value, 3) for name, value in seconds.items()}
-    if args.backend == "tensorflow" and args.trace_steps:
+    if args.keras_backend == "tensorflow" and args.trace_steps:
         report["op_seconds_per_step"], report["top_op_types"] = trace_ops(model, x, y, args.trace_steps)
     print(json.dumps(report, indent=1))
     if args.json:

@@ -4,7 +4,7 @@ Typical usage::
 
     python bench/backends.py --data ../shared/data/cifar10-jpeg.zip --epochs 3 --repeats 2
 
-Each run is ``python -m train --backend B`` in a fresh process (one process cannot switch Keras
+Each run is ``python -m train --keras-backend B`` in a fresh process (one process cannot switch Keras
 backends), alternating A B A B so that machine noise falls on both. The data is decoded once
 into the CIFAR-10 binary layout first, so the runs do not spend their time decoding JPEGs. Epoch
 time is the trainer's own ``epoch_time_s`` (training steps plus the test-set evaluation); the
@@ -49,7 +49,7 @@ def write_binary(splits, path):
 def train(backend, source, output, args):
     env = {k: v for k, v in os.environ.items() if k not in ("KERAS_BACKEND", "XLA_FLAGS")}
     env["TF_CPP_MIN_LOG_LEVEL"] = "3"
-    command = [sys.executable, "-m", "train", "--backend", backend, "--model", args.model, "--data", source,
+    command = [sys.executable, "-m", "train", "--keras-backend", backend, "--model", args.model, "--data", source,
                "--output", output, "--epochs", str(args.epochs), "--precision", args.precision, "--quiet"]
     started = time.monotonic()
     subprocess.run(command, cwd=REPO, env=env, check=True, stdout=subprocess.DEVNULL)

@@ -1,6 +1,6 @@
 """Multi-process JAX training on one machine: 1, 2 or 4 processes, the same global batch.
 
-Starts ``--processes`` copies of ``python -m train --backend jax`` joined as the Kubernetes Job joins
+Starts ``--processes`` copies of ``python -m train --keras-backend jax`` joined as the Kubernetes Job joins
 them (``KERAS_DISTRIBUTION_*`` on localhost), each with ``--devices`` host CPU devices
 (``XLA_FLAGS=--xla_force_host_platform_device_count``), and prints one JSON line: images per second
 over the epochs after the first (which compiles), and the run's test accuracy.
@@ -56,7 +56,7 @@ def main():
         if args.processes > 1:
             env.update(KERAS_DISTRIBUTION_JOB_ADDRESSES=",".join([f"localhost:{port}"] * args.processes),
                        KERAS_DISTRIBUTION_NUM_PROCESSES=str(args.processes), KERAS_DISTRIBUTION_PROCESS_ID=str(i))
-        command = [sys.executable, "-m", "train", "--backend", "jax", "--data", args.data, "--output", output,
+        command = [sys.executable, "-m", "train", "--keras-backend", "jax", "--data", args.data, "--output", output,
                    "--model", args.model, "--epochs", str(args.epochs), "--seed", str(args.seed),
                    "--batch-size", str(args.global_batch // replicas), "--quiet"]
         if args.no_augment:

@@ -36,6 +36,7 @@ import ood_sets  # noqa: E402
 from accuracy_of_record import test_split, wilson  # noqa: E402
 from contract import ASSETS_EXTRA, MANIFEST_FILE, WEIGHTS_FILE  # noqa: E402
 from contract import confidence as rules  # noqa: E402
+from contract import manifest as manifests  # noqa: E402
 
 #: name -> score of each image from its logits; higher means more foreign.
 SCORES = {
@@ -46,15 +47,14 @@ SCORES = {
 
 
 def load_run(run_dir):
-    """``(manifest, model)``: the run's model rebuilt by the registry's builder, with its weights, float32."""
+    """``(manifest, model)``: the run's :class:`contract.manifest.Manifest` and its model rebuilt by the registry's builder, with its weights, float32."""
     import keras
 
     from train import models
 
-    with open(os.path.join(run_dir, MANIFEST_FILE)) as f:
-        manifest = json.load(f)
+    manifest = manifests.read(os.path.join(run_dir, MANIFEST_FILE))
     keras.mixed_precision.set_global_policy("float32")
-    model = models.build_model(manifest["model"]["name"], manifest["num_classes"], **manifest["model"].get("kwargs", {}))
+    model = models.build_model(manifest.model.name, manifest.num_classes, **manifest.model.kwargs)
     model.load_weights(os.path.join(run_dir, WEIGHTS_FILE))
     return manifest, model
 
@@ -108,9 +108,10 @@ def calibration(test_z, test_labels, temperature):
 
 
 def measure(logits, test_images, test_labels, sets, exported=None):
+    """``exported``: the version's :class:`contract.manifest.Confidence`, or None for temperature 1 and no threshold."""
     test_z = logits(test_images)
-    temperature = (exported or {}).get("temperature", 1.0)
-    threshold = ((exported or {}).get("ood") or {}).get("threshold")
+    temperature = exported.temperature if exported is not None else 1.0
+    threshold = exported.ood.threshold if exported is not None else None
     flagged = None if threshold is None else int(np.sum(rules.score(test_z) > threshold))
     result = {
         "test_images": int(len(test_labels)),
@@ -166,12 +167,11 @@ def main(argv=None):
     args = parser.parse_args(argv)
     exported = None
     if args.version_dir:
-        with open(os.path.join(args.version_dir, ASSETS_EXTRA, MANIFEST_FILE)) as f:
-            exported = json.load(f).get("confidence")
+        exported = manifests.read_published(os.path.join(args.version_dir, ASSETS_EXTRA, MANIFEST_FILE)).confidence
     manifest, logits = run_logits(args.run)
     _, images, labels, classes = test_split(args.data)
-    if classes != manifest["class_names"]:
-        parser.error(f"the zip's classes {classes} are not the model's {manifest['class_names']}")
+    if classes != manifest.class_names:
+        parser.error(f"the zip's classes {classes} are not the model's {manifest.class_names}")
     result = measure(logits, images, labels, ood_sets.make(), exported)
     result.update(run=os.path.abspath(args.run), data=os.path.basename(args.data), version_dir=args.version_dir)
     print(table(result))

@@ -81,7 +81,7 @@ def main(argv=None):
         "mahalanobis, one view": lambda images: mahalanobis(batched(features_of, images)),
     }
     inside = {name: score(test_images) for name, score in scores.items()}
-    result = {"run": os.path.abspath(args.run), "model": manifest["model"]["name"],
+    result = {"run": os.path.abspath(args.run), "model": manifest.model.name,
               "train_images": len(train_labels), "test_images": len(test_images), "sets": {}}
     for set_name, images in ood_sets.make().items():
         result["sets"][set_name] = {name: detection(inside[name], score(images)) for name, score in scores.items()}

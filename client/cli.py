@@ -6,7 +6,7 @@ Typical usage::
     client predict images/ --json --batch-size 64 > predictions.jsonl
     client health
     client info --url http://models.internal:8000
-    client predict cat.png --via tfserving-grpc --url localhost:8500 --model cifar10
+    client predict cat.png --via tfserving-grpc --url localhost:8500 --model-name cifar10
     client predict cat.png --via v2 --url http://triton:8000     # the Open Inference Protocol (KServe v2)
 
 The client sends each file's bytes as they are; the server decodes and resizes them. Exit
@@ -37,7 +37,7 @@ import unicodedata
 
 import contract
 from client import transports
-from contract.arguments import non_negative_int, positive_float, positive_int
+from contract.arguments import add_renamed, non_negative_int, positive_float, positive_int
 
 DEFAULT_URL = "http://localhost:8000"
 #: Where each --via looks when no --url is given: TF Serving's own default ports; v2 on this server's
@@ -96,8 +96,9 @@ def build_parser():
         help="talk to this project's server (api, default), straight to TF Serving over REST or gRPC, "
         "or over the Open Inference Protocol (v2: this server, Triton, KServe, MLServer)",
     )
-    common.add_argument(
-        "--model", default=contract.DEFAULT_MODEL_NAME, help="model name, for the TF Serving and v2 modes (default %(default)s)"
+    add_renamed(
+        common, "--model-name", "--model", default=contract.DEFAULT_MODEL_NAME,
+        help="model name, for the TF Serving and v2 modes (default %(default)s)",
     )
     common.add_argument(
         "--api-key",
@@ -360,7 +361,7 @@ def main(argv=None):
         return exit.code if isinstance(exit.code, int) else EXIT_USAGE
     try:
         transport = transports.authorize(
-            make_transport(args.via, args.url, args.model, args.timeout, args.retries, args.max_wait), args.api_key
+            make_transport(args.via, args.url, args.model_name, args.timeout, args.retries, args.max_wait), args.api_key
         )
         return COMMANDS[args.command](args, transport)
     except UsageError as error:

@@ -1,53 +1,71 @@
-"""The training manifest: what a run hands to export, and what a published model carries.
+"""The manifest: what a training run hands to export, and what a published model carries.
 
-Training writes ``RUN/manifest.json`` last (its presence means the run is complete); export
-reads it, checks the weights against its fingerprint, and publishes a copy with an
-``export`` section in ``models/NAME/N/assets.extra/``; the server reads that copy. Every stage
-goes through :func:`read` and :func:`write`, so a field has one name and one meaning.
+Training writes ``RUN/manifest.json`` last (its presence means the run is complete): a
+:class:`Manifest`. Export reads it, checks the weights against its fingerprint, and publishes a
+:class:`Published` copy in ``models/NAME/N/assets.extra/``: the run's manifest plus an
+:class:`Export` section (where the version came from, its signatures, the LiteRT checks) and a
+:class:`Confidence` section (the temperature and the out-of-distribution threshold). The server
+reads that copy. Every stage goes through :func:`read`, :func:`read_published` and :func:`write`,
+and every section is a frozen dataclass here, so a field has one name, one type and one meaning.
 
 Pure Python (no TensorFlow), like the rest of :mod:`contract`.
 
-Format history: 1 had no ``samples`` and no ``training.backend``; 2 adds them. Both are read.
+Only :data:`FORMAT` is read. Every artefact of this project is rebuilt by its own commands, so a
+manifest in an older format is refused with one line that names them (:data:`REBUILD`).
 """
 
 import dataclasses
 import json
 import os
 import tempfile
+import types
+import typing
 
-FORMAT = 2
-READABLE_FORMATS = (1, 2)
+#: 3: typed export and confidence sections, ``training.keras_backend`` (was ``training.backend``),
+#: ``samples`` required; the LiteRT checks under ``export.litert.runtimes``.
+FORMAT = 3
+#: The commands that rebuild a run and its published versions in the current format.
+REBUILD = "python -m train --output RUN --overwrite, then python -m export --run RUN"
+
+_section = dataclasses.dataclass(frozen=True)
 
 
 class ManifestError(ValueError):
     """A manifest that cannot be used; the message names the file and the problem in one line."""
 
 
-@dataclasses.dataclass
+class FormatError(ManifestError):
+    """A manifest in another format than :data:`FORMAT`; the message says how to rebuild it."""
+
+
+# --- The run: what training hands to export ----------------------------------------------------
+
+
+@_section
 class ModelSpec:
     name: str  # the registry name in train.models
     kwargs: dict = dataclasses.field(default_factory=dict)  # builder arguments beyond num_classes
 
 
-@dataclasses.dataclass
+@_section
 class Weights:
     file: str  # contract.WEIGHTS_FILE, beside the manifest
     sha256: str
     dtype: str = "float32"
 
 
-@dataclasses.dataclass
+@_section
 class Fingerprint:
-    """A seeded probe batch (train.models.probe_batch) and the trained model's outputs on it."""
+    """The fingerprint images (train.models.fingerprint_images, from ``seed``) and the trained model's outputs on them."""
 
     seed: int
     shape: list  # [count, 32, 32, 3]
     outputs: list  # float32 probabilities, [count, num_classes]
-    inputs_sha256: str = ""  # of the probe's bytes, so a changed random stream is caught
+    inputs_sha256: str  # of the images' bytes, so a changed random stream is caught
     dtype: str = "uint8"
 
 
-@dataclasses.dataclass
+@_section
 class Samples:
     """A seeded subset of each split (contract.SAMPLES_FILE) for calibrating and verifying exports."""
 
@@ -55,10 +73,10 @@ class Samples:
     train: int  # images in the train sample
     test: int  # images in the test sample
     sha256: str
-    seed: int = 0
+    seed: int
 
 
-@dataclasses.dataclass
+@_section
 class Holdout:
     """Training images kept out of training (contract.HOLDOUT_FILE), for export's calibration."""
 
@@ -69,99 +87,292 @@ class Holdout:
     sha256: str
 
 
-@dataclasses.dataclass
+@_section
+class Input:  # the input contract every model takes
+    shape: list  # [32, 32, 3]
+    dtype: str
+    range: list  # [0, 255]
+    color: str
+    resize: str  # contract.RESIZE_METHOD
+    preprocessing: str
+
+
+@_section
+class Training:  # how the weights were made
+    data: str | None  # what --data named (None: data handed in by a caller)
+    train_images: int
+    test_images: int
+    keras_backend: str  # "jax" or "tensorflow"
+    strategy: str
+    hardware: str
+    replicas: int
+    batch_size_per_replica: int
+    global_batch: int
+    precision: str
+    epochs: int
+    steps_per_epoch: int
+    steps_per_execution: int
+    optimizer: str
+    learning_rate: float
+    schedule: str
+    augment: bool
+    crop_padding: int
+    alternate_flips: bool
+    label_smoothing: float
+    weight_decay: float
+    seed: int
+    wall_time_s: float
+
+
+@_section
+class Metrics:
+    test_accuracy: float
+    test_loss: float
+    test_images: int
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
 class Manifest:
+    """A finished run (``RUN/manifest.json``)."""
+
+    format: int = FORMAT
+    created: str = ""
     model: ModelSpec
     class_names: list
+    input: Input
     weights: Weights
-    fingerprint: Fingerprint
-    input: dict  # the input contract: shape, dtype, range, colour, resize method
-    training: dict  # how the weights were made: backend, strategy, hardware, batch, recipe, wall time
-    metrics: dict  # test_accuracy, test_loss, test_images
+    training: Training
+    metrics: Metrics
     versions: dict  # library versions at training time
-    created: str = ""
-    samples: Samples = None  # None in format 1
-    holdout: Holdout = None  # None unless trained with --holdout
-    export: dict = None  # added by export to the published copy
-    extra: dict = dataclasses.field(default_factory=dict)  # sections this code does not know, kept as they are
-    format: int = FORMAT
+    fingerprint: Fingerprint
+    samples: Samples
+    holdout: Holdout | None = None  # None unless trained with --holdout
 
     @property
     def num_classes(self):
         return len(self.class_names)
 
     def to_dict(self):
-        out = {"format": self.format, "created": self.created, "model": dataclasses.asdict(self.model),
-               "class_names": list(self.class_names), "num_classes": self.num_classes, "input": self.input,
-               "weights": dataclasses.asdict(self.weights), "training": self.training, "metrics": self.metrics,
-               "versions": self.versions, "fingerprint": dataclasses.asdict(self.fingerprint)}
-        if self.samples is not None:
-            out["samples"] = dataclasses.asdict(self.samples)
-        if self.holdout is not None:
-            out["holdout"] = dataclasses.asdict(self.holdout)
-        if self.export is not None:
-            out["export"] = self.export
-        out.update(self.extra)
+        """The JSON form: every field, and ``num_classes`` after ``class_names`` for readers of the file."""
+        out = {}
+        for key, value in dataclasses.asdict(self).items():
+            out[key] = value
+            if key == "class_names":
+                out["num_classes"] = self.num_classes
         return out
 
     @classmethod
     def from_dict(cls, raw, source="manifest"):
-        """Validate ``raw`` (parsed JSON) and return a Manifest; raises :class:`ManifestError`."""
+        """Validate ``raw`` (parsed JSON) and return one of ``cls``; raises :class:`ManifestError`."""
         if not isinstance(raw, dict):
             raise ManifestError(f"{source} is not a JSON object")
         version = raw.get("format")
-        if version not in READABLE_FORMATS:
-            newer = isinstance(version, int) and version > FORMAT
-            raise ManifestError(f"{source} has manifest format {version!r}; this version reads formats "
-                                f"{', '.join(map(str, READABLE_FORMATS))}" + (" (upgrade the pipeline)" if newer else ""))
-        known = {f.name for f in dataclasses.fields(cls)} | {"num_classes"}
+        if version != FORMAT:
+            if isinstance(version, int) and not isinstance(version, bool) and version > FORMAT:
+                raise FormatError(f"{source} has manifest format {version}; this version reads format {FORMAT} "
+                                  "(upgrade the pipeline)")
+            raise FormatError(f"{source} has manifest format {version!r}, not {FORMAT}: it was made by an older "
+                              f"version of this pipeline; rebuild it with {REBUILD}")
+        fields = {k: v for k, v in raw.items() if k != "num_classes"}
         try:
-            manifest = cls(
-                format=version,
-                created=raw.get("created", ""),
-                model=_section(ModelSpec, raw, "model"),
-                class_names=list(raw["class_names"]),
-                weights=_section(Weights, raw, "weights"),
-                fingerprint=_section(Fingerprint, raw, "fingerprint"),
-                input=dict(raw["input"]),
-                training=dict(raw["training"]),
-                metrics=dict(raw["metrics"]),
-                versions=dict(raw.get("versions") or {}),
-                samples=_section(Samples, raw, "samples") if raw.get("samples") is not None else None,
-                holdout=_section(Holdout, raw, "holdout") if raw.get("holdout") is not None else None,
-                export=raw.get("export"),
-                extra={k: v for k, v in raw.items() if k not in known},
-            )
-        except KeyError as exc:
-            raise ManifestError(f"{source} lacks field {exc}") from None
-        except (TypeError, ValueError) as exc:
-            raise ManifestError(f"{source} has a malformed section: {exc}") from None
+            manifest = _load(cls, fields, "")
+        except _Bad as bad:
+            raise ManifestError(f"{source} {bad}") from None
         if "num_classes" in raw and raw["num_classes"] != manifest.num_classes:
             raise ManifestError(f"{source} lists {manifest.num_classes} class names for {raw['num_classes']} classes")
         if not all(isinstance(n, str) and n for n in manifest.class_names) or manifest.num_classes < 2:
             raise ManifestError(f"{source} needs at least two non-empty class names")
-        shape = manifest.fingerprint.shape
-        outputs = manifest.fingerprint.outputs
-        if not (isinstance(shape, list) and len(shape) == 4 and isinstance(outputs, list) and len(outputs) == shape[0]):
-            raise ManifestError(f"{source}: the fingerprint's outputs do not match its probe shape {shape}")
+        shape, outputs = manifest.fingerprint.shape, manifest.fingerprint.outputs
+        if not (len(shape) == 4 and len(outputs) == shape[0]):
+            raise ManifestError(f"{source}: the fingerprint's outputs do not match its image shape {shape}")
         return manifest
 
 
-def _section(kind, raw, key):
-    value = raw[key]
-    if not isinstance(value, dict):
-        raise ManifestError(f"section {key!r} is not an object")
-    names = {f.name for f in dataclasses.fields(kind)}
-    try:
-        return kind(**{k: v for k, v in value.items() if k in names})
-    except TypeError:
-        missing = [f.name for f in dataclasses.fields(kind)
-                   if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING and f.name not in value]
-        raise KeyError(f"{key}.{missing[0]}" if missing else key) from None
+# --- The published copy: what export adds -------------------------------------------------------
 
 
-def read(path):
-    """The manifest at ``path``, validated; raises :class:`ManifestError` naming the file and the problem."""
+@_section
+class Tensor:
+    dtype: str
+    shape: list  # -1: any size
+
+
+@_section
+class Signature:
+    inputs: dict[str, Tensor]
+    outputs: dict[str, Tensor]
+
+
+@_section
+class Gate:  # what a LiteRT model must meet to be published (export/litert.py)
+    float_tolerance: float
+    int8_min_agreement: float
+
+
+@_section
+class CheckedOn:
+    images: int
+    source: str
+
+
+@_section
+class Int8Calibration:
+    images: int
+    source: str
+    float_ops: list  # operators kept in float32
+    float_layers: list  # Keras layers kept in float32
+
+
+@_section
+class RuntimeCheck:  # one LiteRT model against the SavedModel: published, or refused and why
+    file: str
+    published: bool
+    reason: str | None = None  # why it was not published
+    images: int | None = None
+    agreement: float | None = None  # share of images given the SavedModel's class
+    disagreements: int | None = None
+    max_abs_diff: float | None = None  # largest probability difference
+    accuracy: float | None = None  # against the sample's labels
+    bytes: int | None = None
+    ood_score_max_abs_diff: float | None = None
+    calibration: Int8Calibration | None = None  # int8 only
+
+
+@_section
+class LiteRT:  # export/litert.py's checks: the gate, the images, each runtime's model by runtime name
+    gate: Gate
+    checked_on: CheckedOn
+    savedmodel_accuracy: float  # the SavedModel's own accuracy on the same images
+    runtimes: dict[str, RuntimeCheck]  # contract.RUNTIME_LITERT and contract.RUNTIME_LITERT_INT8
+
+
+@_section
+class Export:  # where a published version came from
+    model_name: str
+    version: int
+    exported: str  # ISO 8601, UTC
+    run_dir: str
+    resize: str  # how predict_images brings other sizes to 32x32
+    signatures: dict[str, Signature]
+    litert: LiteRT
+
+
+@_section
+class Ood:  # the out-of-distribution score (contract.confidence) and the threshold chosen for it
+    method: str
+    higher_is: str
+    definition: str
+    threshold: float | None  # None: no held-out images to choose one on
+    pass_rate: float | None = None
+    held_out_passing: float | None = None
+
+
+@_section
+class FittedOn:
+    file: str
+    images: int
+    sha256: str
+
+
+@_section
+class FittedTemperature:
+    temperature: float  # what the search found, before any fallback to 1
+    search_range: list
+
+
+@_section
+class BeforeAfter:
+    before: float
+    after: float
+
+
+@_section
+class Ece:
+    before: float
+    after: float
+    bins: int
+
+
+@_section
+class HeldOut:  # the held-out images' measures at temperature 1 (before) and the served one (after)
+    accuracy: float
+    nll: BeforeAfter
+    ece: Ece
+
+
+@_section
+class Confidence:  # how the served probabilities and verdicts are made (export/calibration.py)
+    temperature: float  # the served probabilities are softmax(logits / temperature)
+    calibrated: bool
+    ood: Ood
+    why: str | None = None  # why the probabilities are not calibrated
+    fitted_on: FittedOn | None = None
+    fitted: FittedTemperature | None = None
+    held_out: HeldOut | None = None
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Published(Manifest):
+    """A published version's ``assets.extra/manifest.json``: the run's manifest, how it was exported, its confidence."""
+
+    export: Export
+    confidence: Confidence
+
+    @classmethod
+    def of(cls, manifest, export, confidence):
+        """The published copy of the run ``manifest``."""
+        return cls(**{f.name: getattr(manifest, f.name) for f in dataclasses.fields(Manifest)},
+                   export=export, confidence=confidence)
+
+
+# --- Reading and writing ----------------------------------------------------------------------
+
+
+class _Bad(Exception):
+    """A field that does not fit its type; the message says which, from the manifest's root."""
+
+
+_KINDS = {str: "a string", int: "an integer", float: "a number", bool: "true or false", list: "a list", dict: "an object"}
+
+
+def _load(hint, value, where):
+    """``value`` (parsed JSON) as ``hint`` says: a dataclass, ``X | None``, ``dict[str, X]``, a list or a plain type."""
+    origin, args = typing.get_origin(hint), typing.get_args(hint)
+    if origin in (typing.Union, types.UnionType):
+        if value is None and type(None) in args:
+            return None
+        (hint,) = [a for a in args if a is not type(None)]
+        return _load(hint, value, where)
+    if dataclasses.is_dataclass(hint):
+        if not isinstance(value, dict):
+            raise _Bad(f"section {where!r} is not an object" if where else "is not a JSON object")
+        fields = dataclasses.fields(hint)
+        unknown = sorted(set(value) - {f.name for f in fields})
+        if unknown:
+            raise _Bad(f"has {'fields' if where else 'sections'} this version does not know"
+                       f"{' in ' + repr(where) if where else ''}: {', '.join(unknown)}")
+        hints = typing.get_type_hints(hint)
+        kwargs = {}
+        for f in fields:
+            path = f"{where}.{f.name}" if where else f.name
+            if f.name in value:
+                kwargs[f.name] = _load(hints[f.name], value[f.name], path)
+            elif f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
+                raise _Bad(f"lacks field {path!r}")
+        return hint(**kwargs)
+    plain = origin or hint
+    ok = isinstance(value, plain) and not (isinstance(value, bool) and plain in (int, float))
+    if plain is float and isinstance(value, int) and not isinstance(value, bool):
+        value, ok = float(value), True
+    if not ok:
+        raise _Bad(f"field {where!r} should be {_KINDS.get(plain, plain.__name__)}, not {json.dumps(value)[:40]}")
+    if origin is dict:
+        return {k: _load(args[1], v, f"{where}.{k}") for k, v in value.items()}
+    return value
+
+
+def read(path, kind=Manifest):
+    """The manifest at ``path`` as ``kind``, validated; raises :class:`ManifestError` naming the file and the problem."""
     try:
         with open(path) as f:
             raw = json.load(f)
@@ -169,16 +380,22 @@ def read(path):
         raise ManifestError(f"no manifest at {path}") from None
     except (OSError, ValueError) as exc:
         raise ManifestError(f"cannot read {path}: {exc}") from None
-    return Manifest.from_dict(raw, source=path)
+    return kind.from_dict(raw, source=path)
+
+
+def read_published(path):
+    """The :class:`Published` manifest at ``path`` (a version's ``assets.extra/manifest.json``)."""
+    return read(path, Published)
 
 
 def write(path, manifest):
-    """Write ``manifest`` (a Manifest or a dict) to ``path`` atomically: a kill never leaves half a file."""
-    data = manifest.to_dict() if isinstance(manifest, Manifest) else manifest
+    """Write ``manifest`` (a :class:`Manifest` or :class:`Published`) to ``path`` atomically: a kill never leaves half a file."""
+    if not isinstance(manifest, Manifest):
+        raise TypeError(f"write takes a contract.manifest.Manifest, not {type(manifest).__name__}")
     fd, tmp = tempfile.mkstemp(dir=os.path.dirname(os.path.abspath(path)), prefix=".tmp-", suffix=".json")
     try:
         with os.fdopen(fd, "w") as f:
-            json.dump(data, f, indent=2)
+            json.dump(manifest.to_dict(), f, indent=2)
             f.write("\n")
         os.chmod(tmp, 0o644)  # mkstemp makes files private; run and model directories are shared
         os.replace(tmp, path)

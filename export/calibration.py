@@ -5,39 +5,32 @@ slice (``python -m train --holdout N``, ``contract.HOLDOUT_FILE``) it fits the t
 minimises the held-out images' negative log-likelihood and the threshold that
 ``contract.confidence.PASS_RATE`` of their scores pass; without one the probabilities are served
 as trained (temperature 1), the score is still served, and no model answers ``in_distribution``.
-The test split is never used. :class:`Confidence` is what the exported graphs compute, in NumPy,
-for export's checks of every written model.
+The test split is never used. What it fitted is the published manifest's
+:class:`contract.manifest.Confidence` section; :func:`outputs` is what the exported graphs compute
+from it, in NumPy, for export's checks of every written model.
 """
 
-import dataclasses
 import os
 
 import numpy as np
 
 from contract import HOLDOUT_FILE, IMAGE_SIZE, OUTPUT_IN_DISTRIBUTION, OUTPUT_OOD_SCORE, OUTPUT_PROBABILITIES
 from contract import confidence as rules
+from contract import manifest as manifests
 from contract import sha256_file
 from export import ExportError
 
 BATCH = 500  # images per call when computing logits
 
 
-@dataclasses.dataclass(frozen=True)
-class Confidence:
-    """The temperature and threshold a model is exported with, and the manifest section that records them."""
-
-    temperature: float = 1.0
-    threshold: float = None  # None: no held-out images, so no in_distribution output
-    section: dict = dataclasses.field(default_factory=dict)
-
-    def outputs(self, logits):
-        """What the exported signatures answer for ``logits``: probabilities, ood_score, in_distribution."""
-        scores = rules.score(logits)
-        out = {OUTPUT_PROBABILITIES: rules.softmax(logits, self.temperature).astype(np.float32),
-               OUTPUT_OOD_SCORE: scores.astype(np.float32)}
-        if self.threshold is not None:
-            out[OUTPUT_IN_DISTRIBUTION] = rules.in_distribution(scores, self.threshold)
-        return out
+def outputs(confidence, logits):
+    """What the exported signatures answer for ``logits`` under ``confidence``: probabilities, ood_score, in_distribution."""
+    scores = rules.score(logits)
+    out = {OUTPUT_PROBABILITIES: rules.softmax(logits, confidence.temperature).astype(np.float32),
+           OUTPUT_OOD_SCORE: scores.astype(np.float32)}
+    if confidence.ood.threshold is not None:
+        out[OUTPUT_IN_DISTRIBUTION] = rules.in_distribution(scores, confidence.ood.threshold)
+    return out
 
 
 def logits(logits_model, images):
@@ -48,53 +41,48 @@ def logits(logits_model, images):
 
 
 def fit(logits_model, manifest, run_dir):
-    """The :class:`Confidence` of the run in ``run_dir``, fitted on its held-out images when it has them."""
-    holdout = manifest.get("holdout")
-    method = {"method": rules.METHOD, "higher_is": "more foreign",
-              "definition": "-logsumexp(logits), the logits at temperature 1"}
-    if not holdout:
-        return Confidence(section={
-            "temperature": 1.0, "calibrated": False,
-            "why": "the run kept no training images out of training (python -m train --holdout N), and the "
-                   "test split is never used to fit anything",
-            "ood": {**method, "threshold": None}})
-    images, labels = read_holdout(run_dir, holdout)
+    """The :class:`contract.manifest.Confidence` of the run in ``run_dir``, fitted on its held-out images when it has them."""
+    method = dict(method=rules.METHOD, higher_is="more foreign", definition="-logsumexp(logits), the logits at temperature 1")
+    if manifest.holdout is None:
+        return manifests.Confidence(
+            temperature=1.0, calibrated=False, ood=manifests.Ood(**method, threshold=None),
+            why="the run kept no training images out of training (python -m train --holdout N), and the "
+                "test split is never used to fit anything")
+    images, labels = read_holdout(run_dir, manifest.holdout)
     z = logits(logits_model, images)
     fitted = rules.fit_temperature(z, labels)
     scores = rules.score(z)
     threshold = rules.threshold_for(scores)
-    section = {"fitted_on": {"file": HOLDOUT_FILE, "images": int(len(labels)), "sha256": holdout["sha256"]}}
+    why = None
     if fitted in rules.TEMPERATURE_RANGE:
         # The NLL still falls at the end of the search: no temperature minimises it (every held-out
         # image right with room to spare, or every one wrong). Any choice would be arbitrary.
         temperature = 1.0
-        section.update(temperature=1.0, calibrated=False, why=(
-            f"no temperature in {list(rules.TEMPERATURE_RANGE)} minimises the held-out images' NLL (it falls "
-            f"all the way to {fitted:g}), so the probabilities are served as trained"))
+        why = (f"no temperature in {list(rules.TEMPERATURE_RANGE)} minimises the held-out images' NLL (it falls "
+               f"all the way to {fitted:g}), so the probabilities are served as trained")
     else:
         temperature = fitted
-        section.update(temperature=temperature, calibrated=True)
     before, after = rules.softmax(z), rules.softmax(z, temperature)
-    section.update({
-        "fitted": {"temperature": fitted, "search_range": list(rules.TEMPERATURE_RANGE)},
-        "held_out": {
-            "accuracy": float(np.mean(before.argmax(axis=1) == labels)),
-            "nll": {"before": rules.nll(z, labels), "after": rules.nll(z, labels, temperature)},
-            "ece": {"before": rules.expected_calibration_error(before, labels),
-                    "after": rules.expected_calibration_error(after, labels), "bins": rules.ECE_BINS},
-        },
-        "ood": {**method, "threshold": threshold, "pass_rate": rules.PASS_RATE,
-                "held_out_passing": float(np.mean(rules.in_distribution(scores, threshold)))},
-    })
-    return Confidence(temperature, threshold, section)
+    return manifests.Confidence(
+        temperature=float(temperature), calibrated=why is None, why=why,
+        fitted_on=manifests.FittedOn(file=HOLDOUT_FILE, images=int(len(labels)), sha256=manifest.holdout.sha256),
+        fitted=manifests.FittedTemperature(temperature=float(fitted), search_range=list(rules.TEMPERATURE_RANGE)),
+        held_out=manifests.HeldOut(
+            accuracy=float(np.mean(before.argmax(axis=1) == labels)),
+            nll=manifests.BeforeAfter(before=rules.nll(z, labels), after=rules.nll(z, labels, temperature)),
+            ece=manifests.Ece(before=rules.expected_calibration_error(before, labels),
+                              after=rules.expected_calibration_error(after, labels), bins=rules.ECE_BINS)),
+        ood=manifests.Ood(**method, threshold=threshold, pass_rate=rules.PASS_RATE,
+                          held_out_passing=float(np.mean(rules.in_distribution(scores, threshold)))),
+    )
 
 
 def read_holdout(run_dir, holdout):
     """The held-out uint8 images and int64 labels the manifest describes; :class:`ExportError` if they are not."""
-    path = os.path.join(run_dir, holdout.get("file") or HOLDOUT_FILE)
+    path = os.path.join(run_dir, holdout.file)
     if not os.path.isfile(path):
         raise ExportError(f"the run's manifest names held-out images, but {path} is missing")
-    if sha256_file(path) != holdout.get("sha256"):
+    if sha256_file(path) != holdout.sha256:
         raise ExportError(f"{path} is not the file the run's manifest describes (sha256 differs)")
     try:
         with np.load(path, allow_pickle=False) as data:

@@ -3,7 +3,7 @@
 Typical usage::
 
     python -m export --run runs/seed --model-dir models
-    python -m export --run runs/seed --model-dir models --name cifar10 --version 3
+    python -m export --run runs/seed --model-dir models --model-name cifar10 --version 3
 
 This writes ``models/NAME/N/`` (``N``: the next free integer unless ``--version`` says
 otherwise; an existing version is never overwritten) holding:
@@ -26,14 +26,15 @@ otherwise; an existing version is never overwritten) holding:
 * ``assets.extra/tf_serving_warmup_requests`` - ``PredictionLog`` records for both
   signatures, which TF Serving replays before it reports the model available;
 * ``assets.extra/manifest.json`` - the training manifest plus an ``export`` section
-  (model name, version, signatures, export time, the LiteRT models' checks): where a
-  served model came from;
+  (model name, version, signatures, export time, the LiteRT models' checks) and a
+  ``confidence`` section (temperature and threshold), written through
+  :class:`contract.manifest.Published`: where a served model came from, and how it answers;
 * ``model.tflite`` and ``model.int8.tflite`` - ``serving_default`` as LiteRT models, float32
   and int8, each published only when it agrees with the SavedModel on the run's test sample
   (``export/litert.py`` says how, and what happens when one does not).
 
 Before anything becomes visible the model is proved to be the trained one: rebuilt
-with the registry's builder, its outputs on the manifest's probe batch must match the
+with the registry's builder, its outputs on the manifest's fingerprint images must match the
 recorded ones within 1e-5, and the written SavedModel, reloaded with plain
 ``tf.saved_model.load``, must agree with it on both signatures. The version is
 written to a hidden temporary directory next to its final place and renamed in only
@@ -42,7 +43,6 @@ after all checks pass, so a TF Serving polling ``models/NAME/`` never sees half 
 
 import argparse
 import datetime
-import json
 import os
 import shutil
 import sys
@@ -55,18 +55,18 @@ from contract import (
     DEFAULT_SERVING_RUNTIME,
     IMAGE_SIZE,
     MANIFEST_FILE,
-    OUTPUT_PROBABILITIES,
     RESIZE_METHOD,
     WARMUP_FILE,
     WEIGHTS_FILE,
+    sha256_file,
 )
-from contract.arguments import positive_int
+from contract import manifest as manifests
+from contract.arguments import add_renamed, positive_int
 from export import ExportError, calibration, litert
 from export.savedmodel import format_signatures, save, write_warmup
-from export.verify import TOLERANCE, check_fingerprint, probe_inputs, rebuild, verify_saved_model
+from export.verify import TOLERANCE, check_fingerprint, fingerprint_images, rebuild, verify_saved_model
 
 DEFAULT_MODEL_DIR = "models"
-EXPORT_FORMAT = 1
 _TEMP_PREFIX = ".export-"  # non-numeric, so TF Serving ignores it while it is being written
 #: A staging directory untouched this long was left by an export that died (SIGKILL, a lost machine):
 #: the next export removes it. Far longer than any export takes, so a running one is never touched.
@@ -89,6 +89,12 @@ def run(run_dir, model_dir=DEFAULT_MODEL_DIR, name=DEFAULT_MODEL_NAME, version=N
     weights_path = os.path.join(run_dir, WEIGHTS_FILE)
     if not os.path.isfile(weights_path):
         raise ExportError(f"no {WEIGHTS_FILE} in {run_dir}")
+    samples_path = os.path.join(run_dir, manifest.samples.file)
+    if not os.path.isfile(samples_path):
+        raise ExportError(f"no {manifest.samples.file} in {run_dir}, which its manifest names (LiteRT models are "
+                          "checked on it); train the run again")
+    if sha256_file(samples_path) != manifest.samples.sha256:
+        raise ExportError(f"{samples_path} is not the file the run's manifest describes (sha256 differs)")
     if version is not None and version < 1:
         raise ExportError(f"version must be a positive integer, not {version}")
     if not name or os.sep in name or name.startswith(".") or name != name.strip():
@@ -109,56 +115,52 @@ def run(run_dir, model_dir=DEFAULT_MODEL_DIR, name=DEFAULT_MODEL_NAME, version=N
     keras.mixed_precision.set_global_policy("float32")
     try:
         model = rebuild(manifest, weights_path)
-        probe = probe_inputs(manifest)
-        expected = model(probe.astype(np.float32), training=False).numpy()
+        images = fingerprint_images(manifest)
+        expected = model(images.astype(np.float32), training=False).numpy()
         check_fingerprint(manifest, expected, weights_path)
         logits_model = models.logits_model(model)
-        probe_logits = calibration.logits(logits_model, probe)
-        if not np.max(np.abs(confidence_rules.softmax(probe_logits) - expected)) <= TOLERANCE:
-            raise ExportError("the model's logits do not give its probabilities on the probe batch "
+        image_logits = calibration.logits(logits_model, images)
+        if not np.max(np.abs(confidence_rules.softmax(image_logits) - expected)) <= TOLERANCE:
+            raise ExportError("the model's logits do not give its probabilities on the fingerprint images "
                               "(train.models.logits_model does not fit this architecture)")
         confidence = calibration.fit(logits_model, manifest, run_dir)
-        return _write_version(logits_model, manifest, probe, confidence.outputs(probe_logits), confidence,
+        return _write_version(logits_model, manifest, images, calibration.outputs(confidence, image_logits), confidence,
                               run_dir, model_dir, name, version, verbose)
     finally:
         keras.mixed_precision.set_global_policy(previous_policy)
 
 
 def _read_manifest(run_dir):
-    """The run's manifest as a dict, validated by :mod:`contract.manifest` (one definition for every stage)."""
-    from contract import manifest as manifests
-
+    """The run's :class:`contract.manifest.Manifest` (one definition for every stage)."""
     path = os.path.join(run_dir, MANIFEST_FILE)
     if not os.path.isdir(run_dir):
         raise ExportError(f"run directory {run_dir} does not exist")
     if not os.path.isfile(path):
         raise ExportError(f"no {MANIFEST_FILE} in {run_dir} (is training finished?)")
     try:
-        return manifests.read(path).to_dict()
+        return manifests.read(path)
     except manifests.ManifestError as exc:
         raise ExportError(str(exc)) from None
 
 
 def _say_confidence(confidence, verbose):
-    section = confidence.section
     if not verbose:
         return
-    if confidence.threshold is None:
-        print(f"probabilities not calibrated and no out-of-distribution threshold: {section['why']}")
+    if confidence.ood.threshold is None:
+        print(f"probabilities not calibrated and no out-of-distribution threshold: {confidence.why}")
         return
-    held = section["held_out"]
-    images = section["fitted_on"]["images"]
-    if section["calibrated"]:
+    held = confidence.held_out
+    images = confidence.fitted_on.images
+    if confidence.calibrated:
         print(f"temperature {confidence.temperature:.4f} fitted on {images} held-out images (NLL "
-              f"{held['nll']['before']:.4f} -> {held['nll']['after']:.4f}, ECE {held['ece']['before']:.4f} -> "
-              f"{held['ece']['after']:.4f})")
+              f"{held.nll.before:.4f} -> {held.nll.after:.4f}, ECE {held.ece.before:.4f} -> {held.ece.after:.4f})")
     else:
-        print(f"probabilities not calibrated: {section['why']}")
-    print(f"out-of-distribution threshold {confidence.threshold:.4f}: {section['ood']['held_out_passing']:.1%} of "
+        print(f"probabilities not calibrated: {confidence.why}")
+    print(f"out-of-distribution threshold {confidence.ood.threshold:.4f}: {confidence.ood.held_out_passing:.1%} of "
           f"{images} held-out images pass")
 
 
-def _write_version(model, manifest, probe, expected, confidence, run_dir, model_dir, name, version, verbose):
+def _write_version(model, manifest, images, expected, confidence, run_dir, model_dir, name, version, verbose):
     base = os.path.join(os.path.abspath(model_dir), name)
     created_base = not os.path.isdir(base)
     try:
@@ -180,11 +182,10 @@ def _write_version(model, manifest, probe, expected, confidence, run_dir, model_
         # The SavedModel is saved into a subdirectory so mkdtemp's private mode never leaks
         # into the published version directory.
         staging = os.path.join(tmp, str(version))
-        save(model, manifest["class_names"], staging, confidence.temperature, confidence.threshold)
-        signatures = verify_saved_model(staging, probe, expected, manifest["class_names"])
-        lite = litert.export(staging, run_dir, probe, expected[OUTPUT_PROBABILITIES],
-                             samples_sha256=(manifest.get("samples") or {}).get("sha256"), verbose=verbose)
-        _write_assets(staging, manifest, name, version, signatures, run_dir, probe, lite, confidence.section)
+        save(model, manifest.class_names, staging, confidence.temperature, confidence.ood.threshold)
+        signatures = verify_saved_model(staging, images, expected, manifest.class_names)
+        lite = litert.export(staging, run_dir, manifest.samples, verbose=verbose)
+        _write_assets(staging, manifest, name, version, signatures, run_dir, images, lite, confidence)
         if os.path.lexists(final):  # someone else exported this version meanwhile
             raise ExportError(f"{final} already exists; versions are never overwritten")
         os.rename(staging, final)
@@ -196,7 +197,7 @@ def _write_version(model, manifest, probe, expected, confidence, run_dir, model_
         if created_base and not os.listdir(base):
             os.rmdir(base)
     if verbose:
-        print(f"exported {manifest['model']['name']} from {run_dir} to {final}")
+        print(f"exported {manifest.model.name} from {run_dir} to {final}")
         _say_confidence(confidence, verbose)
         print(format_signatures(signatures))
     return final
@@ -223,33 +224,26 @@ def _versions(base):
     return [int(entry) for entry in os.listdir(base) if entry.isdigit()]
 
 
-def _write_assets(path, manifest, name, version, signatures, run_dir, probe, lite=None, confidence=None):
+def _write_assets(path, manifest, name, version, signatures, run_dir, images, lite, confidence):
+    """TF Serving's warmup records (replaying ``images``) and the published manifest, in ``path/assets.extra``."""
     extra = os.path.join(path, ASSETS_EXTRA)
     os.makedirs(extra, exist_ok=True)
-    write_warmup(os.path.join(extra, WARMUP_FILE), name, probe)
-    served = dict(manifest)
-    served["export"] = {
-        "format": EXPORT_FORMAT,
-        "model_name": name,
-        "version": version,
-        "architecture": manifest["model"]["name"],
-        "exported": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-        "run_dir": os.path.abspath(run_dir),
-        "resize": f"tf.image.resize(method={RESIZE_METHOD!r}, antialias=True), skipped for "
-                  f"{IMAGE_SIZE}x{IMAGE_SIZE} inputs",
-        "signatures": {
-            sig: {kind: {key: {"dtype": dtype, "shape": shape} for key, (dtype, shape) in tensors.items()}
-                  for kind, tensors in desc.items()}
+    write_warmup(os.path.join(extra, WARMUP_FILE), name, images)
+    export = manifests.Export(
+        model_name=name,
+        version=version,
+        exported=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        run_dir=os.path.abspath(run_dir),
+        resize=f"tf.image.resize(method={RESIZE_METHOD!r}, antialias=True), skipped for {IMAGE_SIZE}x{IMAGE_SIZE} inputs",
+        signatures={
+            sig: manifests.Signature(**{kind: {key: manifests.Tensor(dtype=dtype, shape=list(shape))
+                                               for key, (dtype, shape) in tensors.items()}
+                                        for kind, tensors in desc.items()})
             for sig, desc in signatures.items()
         },
-    }
-    if confidence is not None:
-        served["confidence"] = confidence  # export/calibration.py: temperature, threshold, how they were fitted
-    if lite is not None:
-        served["export"]["litert"] = lite  # export/litert.py: what was checked, published or refused, and why
-    with open(os.path.join(extra, MANIFEST_FILE), "w") as f:
-        json.dump(served, f, indent=2)
-        f.write("\n")
+        litert=lite,  # export/litert.py: what was checked, published or refused, and why
+    )
+    manifests.write(os.path.join(extra, MANIFEST_FILE), manifests.Published.of(manifest, export, confidence))
 
 
 def build_parser():
@@ -258,8 +252,8 @@ def build_parser():
                    help=f"finished training run holding {MANIFEST_FILE} and {WEIGHTS_FILE}")
     p.add_argument("--model-dir", default=DEFAULT_MODEL_DIR,
                    help="where versioned models go, as models/NAME/N/ (default: %(default)s)")
-    p.add_argument("--name", default=DEFAULT_MODEL_NAME,
-                   help="model name, TF Serving's MODEL_NAME (default: %(default)s)")
+    add_renamed(p, "--model-name", "--name", default=DEFAULT_MODEL_NAME,
+                help="model name, as in MODEL_DIR/NAME/N and TF Serving's MODEL_NAME (default: %(default)s)")
     p.add_argument("--version", type=positive_int,
                    help="version number to write; never overwrites one (default: the next free number)")
     p.add_argument("--skip-if-exported", action="store_true",
@@ -272,12 +266,10 @@ def exported_version(run_dir, model_dir, name):
     """The version directory under ``model_dir/name`` already published from the run's weights, or None."""
     import glob
 
-    from contract import manifest as manifests
-
-    weights = _read_manifest(run_dir)["weights"]["sha256"]
+    weights = _read_manifest(run_dir).weights.sha256
     for path in sorted(glob.glob(os.path.join(model_dir, name, "*", ASSETS_EXTRA, MANIFEST_FILE))):
         try:
-            if manifests.read(path).weights.sha256 == weights:
+            if manifests.read_published(path).weights.sha256 == weights:
                 return os.path.dirname(os.path.dirname(path))
         except manifests.ManifestError:
             continue  # a version this code cannot read was not made from this run
@@ -290,24 +282,20 @@ EXIT_DEFAULT_RUNTIME_REFUSED = 3
 
 def default_runtime_refusal(version_dir):
     """Why export refused the default serving runtime's model in ``version_dir``, or None when it published it."""
-    from contract import manifest as manifests
-
-    served = manifests.read(os.path.join(version_dir, ASSETS_EXTRA, MANIFEST_FILE))
-    report = ((served.export or {}).get("litert") or {}).get(DEFAULT_SERVING_RUNTIME) or {}
-    if report.get("published"):
-        return None
-    return report.get("reason") or "it was not made"
+    served = manifests.read_published(os.path.join(version_dir, ASSETS_EXTRA, MANIFEST_FILE))
+    check = served.export.litert.runtimes[DEFAULT_SERVING_RUNTIME]
+    return None if check.published else check.reason
 
 
 def main(argv=None):
     args = build_parser().parse_args(argv)
     try:
-        existing = exported_version(args.run, args.model_dir, args.name) if args.skip_if_exported else None
+        existing = exported_version(args.run, args.model_dir, args.model_name) if args.skip_if_exported else None
         if existing:
             if not args.quiet:
                 print(f"already exported as {existing}")
             return 0
-        final = run(run_dir=args.run, model_dir=args.model_dir, name=args.name, version=args.version,
+        final = run(run_dir=args.run, model_dir=args.model_dir, name=args.model_name, version=args.version,
                     verbose=0 if args.quiet else 1)
     except ExportError as exc:
         print(f"error: {exc}", file=sys.stderr)

@@ -21,11 +21,10 @@ sample and compared with the written SavedModel on the same images:
 
 A model that fails its check is not published: the reason is printed on stderr and recorded in
 the published manifest, and the SavedModel and the other model are published as usual. The
-manifest's ``export.litert`` section records, per model, the agreement, the accuracy against
-the sample's labels (beside the SavedModel's own), the largest probability difference and the
-file size. A run without a samples file (trained before training wrote one) still gets the
-float32 model, checked on the manifest's probe batch; int8 is then skipped, and the manifest
-says why.
+manifest's ``export.litert`` section (:class:`contract.manifest.LiteRT`) records, per model, the
+agreement, the accuracy against the sample's labels (beside the SavedModel's own), the largest
+probability difference and the file size. A run whose samples file is missing or is not the one
+its manifest describes cannot be checked, and is refused (:class:`export.ExportError`).
 """
 
 import os
@@ -41,14 +40,18 @@ from contract import (
     LITERT_INT8_FILE,
     OUTPUT_OOD_SCORE,
     OUTPUT_PROBABILITIES,
+    RUNTIME_LITERT,
+    RUNTIME_LITERT_INT8,
     SAMPLES_FILE,
     SIGNATURE_PIXELS,
     sha256_file,
 )
+from contract import manifest as manifests
+from export import ExportError
 from export.savedmodel import CONFIDENCE_SCOPE
 
 #: Runtime names, as the server's SERVE_RUNTIME spells them, and the file each one loads.
-FILES = {"litert": LITERT_FILE, "litert-int8": LITERT_INT8_FILE}
+FILES = {RUNTIME_LITERT: LITERT_FILE, RUNTIME_LITERT_INT8: LITERT_INT8_FILE}
 
 #: Largest absolute difference allowed between float32 LiteRT and SavedModel probabilities.
 #: XNNPACK sums in another order than TensorFlow (about 1e-6 apart on the seed model).
@@ -82,19 +85,13 @@ FLOAT_LAYERS = ("bn2", "conv2a")
 BATCH = 64
 
 
-class SampleError(Exception):
-    """The run's samples file is missing or unusable; int8 is skipped and this says why."""
-
-
-def export(version_dir, run_dir, probe, probe_outputs, samples_sha256=None, verbose=1):
-    """Write and check the LiteRT models in ``version_dir``; return the manifest's ``litert`` section.
+def export(version_dir, run_dir, samples, verbose=1):
+    """Write and check the LiteRT models in ``version_dir``; return the manifest's :class:`contract.manifest.LiteRT`.
 
     Args:
       version_dir: the not yet published version directory holding the checked SavedModel.
       run_dir: the training run, for its samples file.
-      probe, probe_outputs: the manifest's probe batch and the model's probabilities on it,
-        used to check the float32 model when there is no usable samples file.
-      samples_sha256: the digest the run's manifest records for the samples file, if any.
+      samples: the run manifest's :class:`contract.manifest.Samples`, which the file must match.
     """
     import numpy as np
     import tensorflow as tf
@@ -104,27 +101,16 @@ def export(version_dir, run_dir, probe, probe_outputs, samples_sha256=None, verb
     def savedmodel(images, output=OUTPUT_PROBABILITIES):
         return reference(**{INPUT_PIXELS: tf.constant(images)})[output].numpy()
 
-    try:
-        samples = read_samples(run_dir, samples_sha256)
-    except SampleError as exc:
-        samples, no_samples = None, str(exc)
-    report = {"gate": {"float_tolerance": FLOAT_TOLERANCE, "int8_min_agreement": AGREEMENT_GATE}}
+    arrays = read_samples(run_dir, samples)
     has_score = OUTPUT_OOD_SCORE in reference.structured_outputs
-    if samples is not None:
-        test_images, test_labels = samples["test_images"], samples["test_labels"]
-        expected = _batched(savedmodel, test_images)
-        report["checked_on"] = {"images": len(test_images), "source": f"{SAMPLES_FILE} test_images"}
-        report["savedmodel"] = {"accuracy": _accuracy(expected, test_labels)}
-    else:
-        test_images, test_labels, expected = np.asarray(probe, np.uint8), None, np.asarray(probe_outputs, np.float32)
-        report["checked_on"] = {"images": len(test_images), "source": "the manifest's probe batch",
-                                "why": no_samples}
-
+    test_images, test_labels = arrays["test_images"], arrays["test_labels"]
+    expected = _batched(savedmodel, test_images)
+    checks = {}
     expected_scores = _batched(lambda images: savedmodel(images, OUTPUT_OOD_SCORE), test_images) if has_score else None
 
     def publish(runtime, convert, check):
         entry = {"file": FILES[runtime]}
-        report[runtime] = entry
+        checks[runtime] = entry
         try:
             content = convert()
         except Exception as exc:  # the converter raises many types; each means this model is not made
@@ -162,48 +148,48 @@ def export(version_dir, run_dir, probe, probe_outputs, samples_sha256=None, verb
                     f"images, under the {AGREEMENT_GATE:.1%} gate")
         return None
 
-    publish("litert", lambda: convert_float(version_dir), float_check)
-    if samples is None:
-        report["litert-int8"] = {"file": LITERT_INT8_FILE, "published": False,
-                                 "reason": f"not made: {no_samples}, and int8 needs real images to calibrate on"}
-        _say(report["litert-int8"], "litert-int8", verbose)
-    else:
-        calibration = samples["train_images"]
-        made = []
+    publish(RUNTIME_LITERT, lambda: convert_float(version_dir), float_check)
+    calibration = arrays["train_images"]
+    made = []
 
-        def int8():
-            made.append(convert_int8(version_dir, calibration))
-            return made[-1]
+    def int8():
+        made.append(convert_int8(version_dir, calibration))
+        return made[-1]
 
-        publish("litert-int8", int8, int8_check)
-        # Only the FLOAT_LAYERS this model has (their operators keep their names in the int8 model).
-        kept = [layer for layer in FLOAT_LAYERS if made and layer_nodes(made[-1], [layer])]
-        report["litert-int8"]["calibration"] = {"images": len(calibration), "source": f"{SAMPLES_FILE} train_images",
-                                                "float_ops": list(FLOAT_HEAD_OPS), "float_layers": kept}
-    return report
+    publish(RUNTIME_LITERT_INT8, int8, int8_check)
+    # Only the FLOAT_LAYERS this model has (their operators keep their names in the int8 model).
+    kept = [layer for layer in FLOAT_LAYERS if made and layer_nodes(made[-1], [layer])]
+    checks[RUNTIME_LITERT_INT8]["calibration"] = manifests.Int8Calibration(
+        images=len(calibration), source=f"{SAMPLES_FILE} train_images", float_ops=list(FLOAT_HEAD_OPS), float_layers=kept)
+    return manifests.LiteRT(
+        gate=manifests.Gate(float_tolerance=FLOAT_TOLERANCE, int8_min_agreement=AGREEMENT_GATE),
+        checked_on=manifests.CheckedOn(images=len(test_images), source=f"{SAMPLES_FILE} test_images"),
+        savedmodel_accuracy=_accuracy(expected, test_labels),
+        runtimes={runtime: manifests.RuntimeCheck(**entry) for runtime, entry in checks.items()})
 
 
-def read_samples(run_dir, sha256=None):
-    """The run's samples as uint8 images and int64 labels; raises :class:`SampleError` saying what is wrong."""
+def read_samples(run_dir, samples):
+    """The run's samples (as ``samples``, a :class:`contract.manifest.Samples`, describes them) as uint8 images
+    and int64 labels; :class:`export.ExportError` saying what is wrong."""
     import numpy as np
 
-    path = os.path.join(run_dir, SAMPLES_FILE)
+    path = os.path.join(run_dir, samples.file)
     if not os.path.isfile(path):
-        raise SampleError(f"the run has no {SAMPLES_FILE} (trained before training wrote one)")
-    if sha256 and sha256_file(path) != sha256:
-        raise SampleError(f"{SAMPLES_FILE} is not the file the run's manifest describes (sha256 differs)")
+        raise ExportError(f"the run's manifest names {samples.file}, but {path} is missing")
+    if sha256_file(path) != samples.sha256:
+        raise ExportError(f"{path} is not the file the run's manifest describes (sha256 differs)")
     try:
         with np.load(path, allow_pickle=False) as data:
             samples = {key: data[key] for key in ("train_images", "train_labels", "test_images", "test_labels")}
     except (OSError, ValueError, KeyError) as exc:
-        raise SampleError(f"cannot read {SAMPLES_FILE}: {_one_line(exc)}") from None
+        raise ExportError(f"cannot read {path}: {_one_line(exc)}") from None
     for split in ("train", "test"):
         images, labels = samples[f"{split}_images"], samples[f"{split}_labels"]
         if images.dtype != np.uint8 or images.shape[1:] != (IMAGE_SIZE, IMAGE_SIZE, CHANNELS) or not len(images):
-            raise SampleError(f"{SAMPLES_FILE} {split}_images is {images.dtype} {list(images.shape)}, "
+            raise ExportError(f"{SAMPLES_FILE} {split}_images is {images.dtype} {list(images.shape)}, "
                               f"not uint8 [N, {IMAGE_SIZE}, {IMAGE_SIZE}, {CHANNELS}] with N > 0")
         if labels.shape != (len(images),):
-            raise SampleError(f"{SAMPLES_FILE} has {len(images)} {split}_images but {split}_labels of shape "
+            raise ExportError(f"{SAMPLES_FILE} has {len(images)} {split}_images but {split}_labels of shape "
                               f"{list(labels.shape)}")
     return samples
 

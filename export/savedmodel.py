@@ -123,14 +123,14 @@ def _shape_text(shape):
     return "[" + ", ".join("None" if d == -1 else str(d) for d in shape) + "]"
 
 
-def write_warmup(path, name, probe):
-    """PredictionLog records for both signatures, replayed by TF Serving before it serves."""
+def write_warmup(path, name, images):
+    """PredictionLog records for both signatures on the first of ``images``, replayed by TF Serving before it serves."""
     import tensorflow as tf
     from tensorflow_serving.apis import model_pb2, predict_pb2, prediction_log_pb2
 
     with tf.io.TFRecordWriter(path) as writer:
         for size in WARMUP_BATCH_SIZES:
-            batch = probe[:size]
+            batch = images[:size]
             pngs = [tf.io.encode_png(image).numpy() for image in batch]
             for signature, key, tensor in (
                 (SIGNATURE_PIXELS, INPUT_PIXELS, tf.make_tensor_proto(batch, dtype=tf.uint8)),

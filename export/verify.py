@@ -31,11 +31,11 @@ def rebuild(manifest, weights_path):
 
     from train import models
 
-    spec = manifest["model"]
+    spec = manifest.model
     try:
         # One device: tests (and multi-GPU hosts) may have several, and export needs none of them.
         with tf.distribute.OneDeviceStrategy("/cpu:0").scope():
-            model = models.build_model(spec["name"], manifest["num_classes"], **spec.get("kwargs", {}))
+            model = models.build_model(spec.name, manifest.num_classes, **spec.kwargs)
     except ValueError as exc:
         raise ExportError(str(exc)) from None
     try:
@@ -45,8 +45,8 @@ def rebuild(manifest, weights_path):
             warnings.simplefilter("ignore")
             model.load_weights(weights_path)
     except Exception as exc:  # h5py and Keras raise many types for a bad file; all mean the same here
-        raise ExportError(f"cannot load {weights_path} into {spec['name']} with "
-                          f"{manifest['num_classes']} classes: {_load_error(exc)}") from None
+        raise ExportError(f"cannot load {weights_path} into {spec.name} with "
+                          f"{manifest.num_classes} classes: {_load_error(exc)}") from None
     return model
 
 
@@ -64,42 +64,42 @@ def _load_error(exc):
     return text[:200] or type(exc).__name__
 
 
-def probe_inputs(manifest):
+def fingerprint_images(manifest):
+    """The fingerprint's images, regenerated from the manifest's seed and checked against its digest."""
     import numpy as np
 
     from train import models
 
-    fingerprint = manifest["fingerprint"]
-    probe = models.probe_batch(fingerprint["seed"], count=fingerprint["shape"][0])
-    recorded = fingerprint.get("inputs_sha256")
-    # The probe is regenerated from its seed; if NumPy ever changed the stream, comparing
+    fingerprint = manifest.fingerprint
+    images = models.fingerprint_images(fingerprint.seed, count=fingerprint.shape[0])
+    # The images are regenerated from their seed; if NumPy ever changed the stream, comparing
     # outputs would blame the weights for what the inputs did.
-    if recorded and models.probe_digest(probe) != recorded:
-        raise ExportError("the probe batch regenerated from the manifest's seed differs from the one "
+    if models.fingerprint_digest(images) != fingerprint.inputs_sha256:
+        raise ExportError("the fingerprint images regenerated from the manifest's seed differ from the ones "
                           "training used (inputs_sha256 mismatch); cannot verify the weights")
-    return np.asarray(probe, dtype=np.uint8)
+    return np.asarray(images, dtype=np.uint8)
 
 
 def check_fingerprint(manifest, outputs, weights_path):
     import numpy as np
 
-    recorded = np.asarray(manifest["fingerprint"]["outputs"], dtype=np.float32)
+    recorded = np.asarray(manifest.fingerprint.outputs, dtype=np.float32)
     if recorded.shape != outputs.shape:
-        raise ExportError(f"model outputs have shape {list(outputs.shape)} on the probe batch but the "
+        raise ExportError(f"model outputs have shape {list(outputs.shape)} on the fingerprint images but the "
                           f"manifest recorded {list(recorded.shape)}")
     diff = float(np.max(np.abs(outputs.astype(np.float32) - recorded)))
     if not diff <= TOLERANCE:  # also catches NaN
         hint = ""
-        if manifest.get("weights", {}).get("sha256") not in (None, sha256_file(weights_path)):
+        if manifest.weights.sha256 != sha256_file(weights_path):
             hint = f"; {WEIGHTS_FILE} is not the file the manifest describes (sha256 differs)"
-        raise ExportError(f"rebuilt model does not reproduce the manifest's probe outputs: max absolute "
+        raise ExportError(f"rebuilt model does not reproduce the manifest's fingerprint outputs: max absolute "
                           f"difference {diff:.3g} > {TOLERANCE:g}{hint}")
 
 
-def verify_saved_model(path, probe, expected, class_names):
+def verify_saved_model(path, images, expected, class_names):
     """Reload ``path`` without Keras and check both signatures; return their summary.
 
-    ``expected``: what the signatures must answer on ``probe`` (export.calibration.Confidence.outputs):
+    ``expected``: what the signatures must answer on ``images`` (export.calibration.outputs):
     ``probabilities`` within :data:`TOLERANCE`, ``ood_score`` within :data:`SCORE_TOLERANCE`,
     ``in_distribution`` equal wherever the score is not within that tolerance of the threshold.
     """
@@ -107,9 +107,9 @@ def verify_saved_model(path, probe, expected, class_names):
     import tensorflow as tf
 
     loaded = tf.saved_model.load(path)
-    pngs = tf.stack([tf.io.encode_png(image) for image in probe])  # lossless, so identical pixels
+    pngs = tf.stack([tf.io.encode_png(image) for image in images])  # lossless, so identical pixels
     calls = {
-        SIGNATURE_PIXELS: (INPUT_PIXELS, tf.constant(probe)),
+        SIGNATURE_PIXELS: (INPUT_PIXELS, tf.constant(images)),
         SIGNATURE_BYTES: (INPUT_BYTES, pngs),
     }
     want_keys = sorted(set(OUTPUTS) | set(expected))

@@ -46,10 +46,10 @@ for model in $MODELS; do
         for seed in $SEEDS; do
             run="$RUNS/$model-$backend-$seed"
             echo "== $model $backend seed $seed"
-            "$PYTHON" -m train --backend "$backend" --model "$model" --data "$DATA" --output "$run" --seed "$seed" \
+            "$PYTHON" -m train --keras-backend "$backend" --model "$model" --data "$DATA" --output "$run" --seed "$seed" \
                 ${EPOCHS:+--epochs "$EPOCHS"} ${PRECISION:+--precision "$PRECISION"} 2>&1 | grep -v '^Epoch ' | tail -n 3
             if [[ "$EXPORT" == 1 ]]; then
-                "$PYTHON" -m export --run "$run" --model-dir "$RUNS/models" --name "$model-$backend-$seed" --quiet
+                "$PYTHON" -m export --run "$run" --model-dir "$RUNS/models" --model-name "$model-$backend-$seed" --quiet
             fi
         done
     done
@@ -75,7 +75,7 @@ for manifest_path in sorted(glob.glob(f"{runs}/*/manifest.json")):
         "test_accuracy": manifest["metrics"]["test_accuracy"],
         "test_accuracy_by_epoch": [round(row["val_accuracy"], 4) for row in history],
         "test_images": manifest["metrics"]["test_images"],
-        **{key: training[key] for key in ("backend", "hardware", "replicas", "global_batch", "precision")},
+        **{key: training[key] for key in ("keras_backend", "hardware", "replicas", "global_batch", "precision")},
         "versions": manifest["versions"],
         "exported": exported,
     }

@@ -47,7 +47,7 @@ echo "== train: $MODEL -> $RUN_DIR"
     --holdout "${HOLDOUT:-5000}" ${EPOCHS:+--epochs "$EPOCHS"} ${TRAIN_ARGS:-}
 
 echo "== export: $RUN_DIR -> $MODELS_DIR/$MODEL_NAME/N"
-.venv/bin/python -m export --run "$RUN_DIR" --model-dir "$MODELS_DIR" --name "$MODEL_NAME" --skip-if-exported
+.venv/bin/python -m export --run "$RUN_DIR" --model-dir "$MODELS_DIR" --model-name "$MODEL_NAME" --skip-if-exported
 
 echo "== serve: http://localhost:$PORT/ (Ctrl-C to stop)"
 exec .venv/bin/python -m serve --model-dir "$MODELS_DIR/$MODEL_NAME" --model-name "$MODEL_NAME" --port "$PORT"

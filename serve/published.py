@@ -1,6 +1,5 @@
 """What export published under ``models/NAME/``: the version numbers, and each version's manifest."""
 
-import logging
 import os
 
 from contract import ASSETS_EXTRA, MANIFEST_FILE
@@ -24,17 +23,21 @@ def versions(model_dir, model_file=SAVED_MODEL_FILE):
     )
 
 
-def manifest(version_dir):
-    """The manifest export copied into ``assets.extra``, as a :class:`contract.manifest.Manifest`.
+def manifest_path(version_dir):
+    """Where export puts a version's :class:`contract.manifest.Published` manifest."""
+    return os.path.join(version_dir, ASSETS_EXTRA, MANIFEST_FILE)
 
-    None when there is none (a SavedModel from elsewhere) or it cannot be read; the server
-    then serves without class names from it, and logs why.
+
+def manifest(version_dir):
+    """The manifest export copied into ``assets.extra``, as a :class:`contract.manifest.Published`.
+
+    None when there is none (a SavedModel from elsewhere: the server serves it without the
+    manifest's class names and confidence facts). A manifest this version cannot use, an older
+    format among them, raises :class:`contract.manifest.ManifestError` naming the file, the
+    problem and, for an older format, the commands that rebuild it: the version is refused, not
+    served without its facts.
     """
-    path = os.path.join(version_dir, ASSETS_EXTRA, MANIFEST_FILE)
+    path = manifest_path(version_dir)
     if not os.path.exists(path):
         return None
-    try:
-        return manifests.read(path)
-    except manifests.ManifestError as e:
-        logging.getLogger(__name__).warning("ignoring the published manifest: %s", e)
-        return None
+    return manifests.read_published(path)

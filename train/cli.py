@@ -11,7 +11,7 @@ import sys
 import tarfile
 import zipfile
 
-from contract.arguments import int_at_least, non_negative_int, positive_int
+from contract.arguments import add_renamed, int_at_least, non_negative_int, positive_int
 from train import trainer
 
 
@@ -35,7 +35,7 @@ def build_parser():
                         "images, or cifar-10-binary.tar.gz (default: $CIFAR_DATA or cifar10)")
     p.add_argument("--output", default=trainer.DEFAULT_OUTPUT, help="run directory for weights, manifest, logs (default: %(default)s)")
     p.add_argument("--model", default=trainer.DEFAULT_MODEL, help="registered model name (default: %(default)s)")
-    p.add_argument("--backend", choices=BACKENDS, default="auto",
+    add_renamed(p, "--keras-backend", "--backend", choices=BACKENDS, default="auto",
                    help="Keras backend: jax (TPUs, GPUs, CPU), tensorflow, or auto: $KERAS_BACKEND if set, "
                         "else jax on a TPU host and tensorflow elsewhere (default: %(default)s)")
     p.add_argument("--epochs", type=positive_int, help="passes over the training set (default: the model's recipe)")
@@ -54,7 +54,7 @@ def build_parser():
                    help="auto: bfloat16 on TPU and on CPUs with bf16 units, float16 on GPUs (default: %(default)s)")
     p.add_argument("--tpu", nargs="?", const="auto", default="auto",
                    help="TPUs are JAX's: 'auto' (JAX trains on the TPU when it finds one), 'none', or 'local' "
-                        "(TPU VM, Colab: an error unless JAX's devices are TPUs); under --backend tensorflow only "
+                        "(TPU VM, Colab: an error unless JAX's devices are TPUs); under --keras-backend tensorflow only "
                         "'auto' and 'none' (default: %(default)s)")
     p.add_argument("--steps-per-execution", type=positive_int,
                    help=f"steps per compiled call (default: {trainer.TPU_STEPS_PER_EXECUTION} on TPU, 1 elsewhere)")
@@ -94,7 +94,7 @@ def check_data(source):
 def main(argv=None):
     args = build_parser().parse_args(argv)
     config = trainer.Config(
-        data=args.data, output=args.output, model=args.model, backend=args.backend, epochs=args.epochs, batch_size=args.batch_size,
+        data=args.data, output=args.output, model=args.model, keras_backend=args.keras_backend, epochs=args.epochs, batch_size=args.batch_size,
         learning_rate=args.learning_rate, schedule=args.schedule, augment=args.augment,
         crop_padding=args.crop_padding, label_smoothing=args.label_smoothing, precision=args.precision, tpu=args.tpu,
         steps_per_execution=args.steps_per_execution, validation_freq=args.validation_freq,

@@ -16,7 +16,7 @@ from contract import (CHANNELS, HOLDOUT_FILE, IMAGE_SIZE, MANIFEST_FILE, RESIZE_
                       sha256_file)
 from contract import manifest as manifests
 
-PROBE_SEED = 20180921  # the fingerprint's probe batch (train.models.probe_batch)
+FINGERPRINT_SEED = 20180921  # the fingerprint's images (train.models.fingerprint_images)
 SAMPLE_IMAGES = 500  # per split, handed to export for calibration and verification
 
 
@@ -27,11 +27,11 @@ def hand_over(config, recipe, plan, placement, splits, output, wall_time, held_o
     from train import models, report
 
     weights_path = os.path.join(output, WEIGHTS_FILE)
-    probe = models.probe_batch(PROBE_SEED)
+    images = models.fingerprint_images(FINGERPRINT_SEED)
     with placement.host():  # one CPU device, outside any distribution, as export computes it
         model = models.build_model(config.model, splits.num_classes)
         model.load_weights(weights_path)
-        probe_outputs = keras.ops.convert_to_numpy(model(probe.astype("float32"), training=False))
+        outputs = keras.ops.convert_to_numpy(model(images.astype("float32"), training=False))
         evaluation = report.evaluate(model, splits, os.path.join(output, "eval"))
     report.plot_history(os.path.join(output, "history.csv"), os.path.join(output, "curves.png"))
     samples = write_samples(splits, os.path.join(output, SAMPLES_FILE), config.seed)
@@ -41,51 +41,51 @@ def hand_over(config, recipe, plan, placement, splits, output, wall_time, held_o
         created=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         model=manifests.ModelSpec(config.model),
         class_names=list(splits.class_names),
-        input={
-            "shape": [IMAGE_SIZE, IMAGE_SIZE, CHANNELS],
-            "dtype": "uint8",
-            "range": [0, 255],
-            "color": "RGB",
-            "resize": RESIZE_METHOD,
-            "preprocessing": "none outside the model: raw pixels in, normalisation is the model's first layer",
-        },
+        input=manifests.Input(
+            shape=[IMAGE_SIZE, IMAGE_SIZE, CHANNELS],
+            dtype="uint8",
+            range=[0, 255],
+            color="RGB",
+            resize=RESIZE_METHOD,
+            preprocessing="none outside the model: raw pixels in, normalisation is the model's first layer",
+        ),
         weights=manifests.Weights(file=WEIGHTS_FILE, sha256=sha256_file(weights_path)),
-        training={
-            "data": splits.source or config.data,
-            "train_images": int(len(splits.x_train)),
-            "test_images": int(len(splits.x_test)),
-            "backend": placement.backend,
-            "strategy": placement.name,
-            "hardware": placement.hardware,
-            "replicas": placement.replicas,
-            "batch_size_per_replica": plan.batch_size,
-            "global_batch": plan.global_batch,
-            "precision": plan.precision,
-            "epochs": plan.epochs,
-            "steps_per_epoch": plan.steps_per_epoch,
-            "steps_per_execution": plan.steps_per_execution,
-            "optimizer": recipe.optimizer,
-            "learning_rate": plan.learning_rate,
-            "schedule": plan.schedule,
-            "augment": plan.augment,
-            "crop_padding": plan.crop_padding,
-            "alternate_flips": recipe.alternate_flips,
-            "label_smoothing": plan.label_smoothing,
-            "weight_decay": recipe.weight_decay,
-            "seed": config.seed,
-            "wall_time_s": round(wall_time, 1),
-        },
-        metrics={
-            "test_accuracy": evaluation["accuracy"],
-            "test_loss": evaluation["loss"],
-            "test_images": evaluation["count"],
-        },
+        training=manifests.Training(
+            data=splits.source or config.data,
+            train_images=int(len(splits.x_train)),
+            test_images=int(len(splits.x_test)),
+            keras_backend=placement.backend,
+            strategy=placement.name,
+            hardware=placement.hardware,
+            replicas=int(placement.replicas),
+            batch_size_per_replica=int(plan.batch_size),
+            global_batch=int(plan.global_batch),
+            precision=plan.precision,
+            epochs=int(plan.epochs),
+            steps_per_epoch=int(plan.steps_per_epoch),
+            steps_per_execution=int(plan.steps_per_execution),
+            optimizer=recipe.optimizer,
+            learning_rate=float(plan.learning_rate),
+            schedule=plan.schedule,
+            augment=bool(plan.augment),
+            crop_padding=int(plan.crop_padding),
+            alternate_flips=bool(recipe.alternate_flips),
+            label_smoothing=float(plan.label_smoothing),
+            weight_decay=float(recipe.weight_decay),
+            seed=int(config.seed),
+            wall_time_s=round(wall_time, 1),
+        ),
+        metrics=manifests.Metrics(
+            test_accuracy=float(evaluation["accuracy"]),
+            test_loss=float(evaluation["loss"]),
+            test_images=int(evaluation["count"]),
+        ),
         versions=versions(placement.backend),
         fingerprint=manifests.Fingerprint(
-            seed=PROBE_SEED,
-            shape=list(probe.shape),
-            inputs_sha256=models.probe_digest(probe),
-            outputs=np.asarray(probe_outputs, dtype=np.float32).tolist(),
+            seed=FINGERPRINT_SEED,
+            shape=list(images.shape),
+            inputs_sha256=models.fingerprint_digest(images),
+            outputs=np.asarray(outputs, dtype=np.float32).tolist(),
         ),
         samples=samples,
         holdout=holdout,

@@ -84,7 +84,7 @@ def pick_backend(requested="auto", environ=None, tpu=None):
     else:
         chosen = requested
     if not installed(chosen):  # JAX trains without TensorFlow too (train.arrays feeds it)
-        raise AcceleratorError(f"--backend {chosen} needs the {chosen} package, which is not installed "
+        raise AcceleratorError(f"--keras-backend {chosen} needs the {chosen} package, which is not installed "
                                f"(pip install '.[{'jax' if chosen == 'jax' else 'train'}]')")
     return chosen
 

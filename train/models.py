@@ -33,15 +33,15 @@ from train.registry import (  # noqa: F401  (the registry's functions, as caller
 
 INPUT_SHAPE = (IMAGE_SIZE, IMAGE_SIZE, CHANNELS)
 
-def probe_batch(seed, count=8):
-    """The seeded uint8 batch whose outputs fingerprint a trained model (PCG64: stable across NumPy versions)."""
+def fingerprint_images(seed, count=8):
+    """The seeded uint8 images whose outputs fingerprint a trained model (PCG64: stable across NumPy versions)."""
     rng = np.random.default_rng(seed)
     return rng.integers(0, 256, size=(count, *INPUT_SHAPE), dtype=np.uint8)
 
 
-def probe_digest(probe):
-    """The SHA-256 the manifest records for a probe batch, so export can tell the same inputs came back."""
-    return hashlib.sha256(np.ascontiguousarray(probe, dtype=np.uint8).tobytes()).hexdigest()
+def fingerprint_digest(images):
+    """The SHA-256 the manifest records for the fingerprint images, so export can tell the same inputs came back."""
+    return hashlib.sha256(np.ascontiguousarray(images, dtype=np.uint8).tobytes()).hexdigest()
 
 
 def logits_model(model):

@@ -4,7 +4,7 @@ Order: ``TF_CONFIG`` -> MultiWorkerMirroredStrategy, refused with a clear error 
 cannot fit under it (keras-team/keras#20585); several GPUs -> MirroredStrategy; else the default
 strategy. TPUs are trained on by the JAX backend alone: no TensorFlow that pip installs runs on
 current TPUs (``tensorflow-tpu`` 2.20, the last, aborts at import with the libtpu it resolves), so a
-TPU asked for here is an :class:`AcceleratorError` that names ``--backend jax``, never a silent
+TPU asked for here is an :class:`AcceleratorError` that names ``--keras-backend jax``, never a silent
 fallback to the CPU.
 """
 
@@ -15,7 +15,7 @@ import tensorflow as tf
 
 from train.hardware import AcceleratorError, Placement, is_chief_task, tpu_present
 
-JAX_FOR_TPUS = "no TensorFlow build runs on current TPUs; train on them with --backend jax"
+JAX_FOR_TPUS = "no TensorFlow build runs on current TPUs; train on them with --keras-backend jax"
 
 
 def select_strategy(tpu="auto"):

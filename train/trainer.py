@@ -3,7 +3,7 @@
 Typical usage::
 
     python -m train --data cifar10 --output runs/seed
-    python -m train --backend jax --data ../shared/data/cifar10-jpeg.zip --output runs/seed
+    python -m train --keras-backend jax --data ../shared/data/cifar10-jpeg.zip --output runs/seed
 
 The same registered models and recipes train under either Keras backend: JAX (what TPUs
 run today; data parallel over every local device) or TensorFlow (tf.distribute strategies).
@@ -47,7 +47,7 @@ class Config:
     data: str = DEFAULT_DATA
     output: str = DEFAULT_OUTPUT
     model: str = DEFAULT_MODEL
-    backend: str = "auto"  # "jax", "tensorflow", or "auto" (see train.hardware.pick_backend)
+    keras_backend: str = "auto"  # "jax", "tensorflow", or "auto" (see train.hardware.pick_backend)
     epochs: int = None  # None: the model's recipe
     batch_size: int = None  # per replica; None: the recipe's (128 for seed_cnn, as the seed tutorial)
     learning_rate: float = None  # None: the recipe's rate, scaled to the global batch
@@ -99,7 +99,8 @@ def run(config, strategy=None, splits=None):
         try:
             finished = manifests.read(manifest_path)
         except manifests.ManifestError as exc:
-            raise UsageError(f"{exc}; pass --overwrite to train again") from None
+            raise UsageError(str(exc) if isinstance(exc, manifests.FormatError) else
+                             f"{exc}; pass --overwrite to train again") from None
         _say(config, f"{output} already holds a finished run ({finished.model.name}); "
                      "pass --overwrite to train again")
         return finished.to_dict()
@@ -156,7 +157,7 @@ def run(config, strategy=None, splits=None):
     with placement.host() if placement.backend == "jax" else contextlib.nullcontext():
         handover.save_weights_atomically(model, os.path.join(output, WEIGHTS_FILE))
     manifest = handover.hand_over(config, recipe, plan, placement, splits, output, wall_time, held_out)
-    _say(config, f"test accuracy {manifest.metrics['test_accuracy']:.4f} on {manifest.metrics['test_images']} "
+    _say(config, f"test accuracy {manifest.metrics.test_accuracy:.4f} on {manifest.metrics.test_images} "
                  f"images; weights and manifest in {output}")
     return manifest.to_dict()
 
@@ -179,7 +180,7 @@ def _choose_backend(config, strategy):
     from train import hardware
 
     loaded = hardware.loaded_backend()
-    requested = "tensorflow" if strategy is not None else config.backend
+    requested = "tensorflow" if strategy is not None else config.keras_backend
     if requested == "auto" and loaded:
         return loaded
     try:
@@ -188,7 +189,7 @@ def _choose_backend(config, strategy):
         raise UsageError(str(exc)) from None
     if loaded and loaded != backend:
         raise UsageError(f"Keras is already loaded with the {loaded} backend in this process; "
-                         f"train with --backend {backend} in a new process")
+                         f"train with --keras-backend {backend} in a new process")
     if not loaded:
         hardware.prepare_environment(backend)
     return backend

@@ -8,11 +8,12 @@ import threading
 import time
 
 from contract import OUTPUT_PROBABILITIES
+from contract.manifest import ManifestError
 from serve import published
 from serve.backends import runtimes
 from serve.backends.batcher import Batcher, Overloaded
 from serve.core.errors import NotServed, ServeError, Shed
-from serve.core.model import ModelInfo, Prediction, probe_batch
+from serve.core.model import ModelInfo, Prediction, readiness_images
 
 RELOAD_INTERVAL_S = 5.0  # how often a backend that failed to load tries again
 RETIRE_AFTER_S = 30.0  # how long a replaced version keeps answering requests already sent to it
@@ -105,7 +106,8 @@ class LocalBackend:
         newest = available[-1] if available else None
         if newest is None or newest <= self._state.version or not self._due(newest, now):
             return
-        if self._state.info.architecture is not None and published.manifest(os.path.join(self.model_dir, str(newest))) is None:
+        if self._state.info.architecture is not None and not os.path.exists(
+                published.manifest_path(os.path.join(self.model_dir, str(newest)))):
             # Exported versions carry their manifest; one copied in by hand may show its model before
             # its manifest. Wait for it rather than serve the version without confidence data for good.
             logging.getLogger(__name__).info("version %s has no manifest yet; waiting for it", newest)
@@ -172,9 +174,12 @@ class LocalBackend:
             version = available[-1]
             self._note_skipped(version, available)
         path = os.path.join(self.model_dir, str(version))
+        try:
+            served = published.manifest(path)  # first: a version whose manifest is refused is never loaded
+        except ManifestError as e:
+            raise ServeError(f"version {version} is refused: {e}", 503) from None
         model = runtimes.load(self.runtime, path, self._threads)
-        info = ModelInfo.build(self.name, version, model.signature_defs, published.manifest(path), versions=(version,),
-                               runtime=self.runtime)
+        info = ModelInfo.build(self.name, version, model.signature_defs, served, versions=(version,), runtime=self.runtime)
         batcher = Batcher(model.pixels, max_batch=self._max_batch, max_wait_s=self._wait_s, on_batch=self._on_batch,
                           max_queue=self._max_queue, timeout_s=self._timeout_s, on_waiting=self._on_waiting)
         return _Loaded(version, model, batcher, info)
@@ -233,7 +238,7 @@ class LocalBackend:
 
     def ready(self):
         state = self._load(wait=False)
-        outputs = self.predict(probe_batch())
+        outputs = self.predict(readiness_images())
         if outputs[OUTPUT_PROBABILITIES].shape[0] != 1:
             raise ServeError("the probe prediction returned the wrong batch size", 503)
         return state.version

@@ -42,6 +42,7 @@ from contract import (
     SERVING_RUNTIMES,
     SIGNATURE_PIXELS,
 )
+from contract.manifest import ManifestError
 from serve import published, signatures
 
 LITERT, LITERT_INT8, SAVEDMODEL = RUNTIME_LITERT, RUNTIME_LITERT_INT8, RUNTIME_SAVEDMODEL
@@ -83,12 +84,14 @@ def versions(model_dir, runtime):
 def missing_reason(version_dir, runtime):
     """Why ``version_dir`` has no model for ``runtime``, from its published manifest, or a generic line."""
     file = MODEL_FILES[runtime]
-    served = published.manifest(version_dir)
-    report = (((served.export if served else None) or {}).get("litert") or {}).get(runtime) or {}
-    why = report.get("reason")
-    if why:
-        return f"{version_dir} has no {file}: export did not publish it ({why})"
-    return f"{version_dir} has no {file} (exported before export wrote LiteRT models?); re-export it, or set SERVE_RUNTIME=savedmodel"
+    try:
+        served = published.manifest(version_dir)
+    except ManifestError as e:
+        return f"{version_dir} is refused: {e}"
+    check = served.export.litert.runtimes.get(runtime) if served is not None else None
+    if check is not None and not check.published:
+        return f"{version_dir} has no {file}: export did not publish it ({check.reason})"
+    return f"{version_dir} has no {file}; export it with python -m export, or set SERVE_RUNTIME=savedmodel"
 
 
 def load(runtime, version_dir, threads=None):

@@ -15,7 +15,7 @@ import numpy as np
 from contract import INPUT_PIXELS, OUTPUT_CLASS_IDS, OUTPUT_CLASS_NAMES, OUTPUT_PROBABILITIES, SIGNATURE_PIXELS
 from serve import published, signatures, tracing
 from serve.core.errors import ServeError
-from serve.core.model import ModelInfo, Prediction, probe_batch
+from serve.core.model import ModelInfo, Prediction, readiness_images
 from tfs_protos import tensors
 
 METADATA_TTL_S = 30.0  # how long a TF Serving backend trusts the metadata it fetched
@@ -90,7 +90,7 @@ class _RemoteBackend:
 
     def ready(self):
         info = self.info()
-        outputs = self.run(SIGNATURE_PIXELS, {INPUT_PIXELS: probe_batch()})
+        outputs = self.run(SIGNATURE_PIXELS, {INPUT_PIXELS: readiness_images()})
         if np.asarray(outputs[OUTPUT_PROBABILITIES]).shape[0] != 1:
             raise ServeError("the probe prediction returned the wrong batch size", 503)
         return info.version

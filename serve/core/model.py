@@ -27,12 +27,11 @@ class Confidence:
 
     @classmethod
     def from_manifest(cls, manifest):
-        """The manifest's ``confidence`` section, or None for a manifest without one."""
-        section = manifest.extra.get("confidence") if manifest is not None else None
-        if not isinstance(section, dict):
+        """The :class:`contract.manifest.Published` manifest's confidence section; None without a manifest."""
+        if manifest is None:
             return None
-        ood = section.get("ood") or {}
-        return cls(section.get("calibrated"), section.get("temperature"), ood.get("method"), ood.get("threshold"))
+        section = manifest.confidence
+        return cls(section.calibrated, section.temperature, section.ood.method, section.ood.threshold)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -55,7 +54,8 @@ class ModelInfo:
 
     @classmethod
     def build(cls, name, version, signature_defs, manifest=None, **fields):
-        """The info of ``version``, its facts from ``signature_defs`` and the published ``manifest`` (or None)."""
+        """The info of ``version``, its facts from ``signature_defs`` and the published ``manifest``
+        (a :class:`contract.manifest.Published`, or None for a SavedModel from elsewhere)."""
         have = (signature_defs or {}).get(SIGNATURE_PIXELS, {}).get("outputs", {})
         return cls(
             name=name, version=version, signature_defs=dict(signature_defs or {}),
@@ -130,6 +130,6 @@ class Backend(Protocol):
         """Stop background work (batcher threads, channels)."""
 
 
-def probe_batch():
+def readiness_images():
     """One black image: what ``ready()`` predicts to prove the model answers."""
     return np.zeros((1, IMAGE_SIZE, IMAGE_SIZE, CHANNELS), np.uint8)

@@ -515,7 +515,7 @@ def test_training_job_runs_the_train_cli_on_the_shared_volume(rendered, target):
     job = training_job(rendered, target)
     c = container(job, "train")
     args = parsed_train_args(c)
-    assert args.backend == ("tensorflow" if target == "training/tensorflow" else "jax")
+    assert args.keras_backend == ("tensorflow" if target == "training/tensorflow" else "jax")
     # Output and data on the shared volume: the run, and the backups a new pod resumes from.
     claim, inside = claim_path(job, c, args.output)
     assert claim == "cifar-training" and inside.startswith("runs/")
@@ -660,7 +660,7 @@ def test_tpu_job_asks_for_exactly_the_slice_it_selects(rendered, target):
     if job["spec"]["completions"] > 1:
         assert chips_per_pod == 4  # multi-host v5e and v6e slices are made of 4-chip hosts
     assert {"key": "google.com/tpu", "operator": "Exists", "effect": "NoSchedule"} in spec["tolerations"]
-    assert parsed_train_args(c).backend == "jax"
+    assert parsed_train_args(c).keras_backend == "jax"
 
 
 def test_export_job_writes_where_serving_reads(rendered):
@@ -674,8 +674,8 @@ def test_export_job_writes_where_serving_reads(rendered):
     args = build_parser().parse_args(c["args"])
     # The model folder the front end and TF Serving read: same claim, same place, same name.
     serving_env = image_env(ROOT / "Dockerfile")
-    assert args.name == serving_env["MODEL_NAME"] == DEFAULT_MODEL_NAME
-    assert env_of(container(one(rendered["overlays/tfserving"], "Deployment", "tfserving")))["MODEL_NAME"] == args.name
+    assert args.model_name == serving_env["MODEL_NAME"] == DEFAULT_MODEL_NAME
+    assert env_of(container(one(rendered["overlays/tfserving"], "Deployment", "tfserving")))["MODEL_NAME"] == args.model_name
     front_end = one(rendered["overlays/local"], "Deployment", "cifar-serve")
     assert claim_path(job, c, args.model_dir) == claim_path(front_end, container(front_end, "serve"), serving_env["MODEL_BASE_PATH"])
     tfs = one(rendered["overlays/tfserving"], "Deployment", "tfserving")
@@ -723,7 +723,7 @@ def test_training_image_installs_extras_that_exist_and_hold_both_backends():
         return set(requirements)
 
     installed = closure(chosen)
-    # --backend tensorflow and --backend jax, and python -m export, all run from this image.
+    # --keras-backend tensorflow and --keras-backend jax, and python -m export, all run from this image.
     assert {"tensorflow", "jax", "tensorflow-serving-api"} <= installed
     # The other documented choice resolves too.
     gpu = re.search(r"--build-arg EXTRAS=(\S+)", TRAIN_DOCKERFILE.read_text()).group(1)

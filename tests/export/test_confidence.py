@@ -1,6 +1,7 @@
 """Honest confidence: the held-out slice, the temperature, the out-of-distribution score and its
 threshold (contract.confidence, export/calibration.py), through training, export and every runtime."""
 
+import dataclasses
 import json
 
 import numpy as np
@@ -148,7 +149,7 @@ def test_the_exported_graphs_divide_by_the_temperature_and_keep_the_score(traine
 
     def at_two(logits_model, manifest, run_dir):
         fitted = fit(logits_model, manifest, run_dir)
-        return calibration.Confidence(2.0, fitted.threshold, {**fitted.section, "temperature": 2.0, "calibrated": True})
+        return dataclasses.replace(fitted, temperature=2.0, calibrated=True)
 
     monkeypatch.setattr(calibration, "fit", at_two)
     version = exporter.run(run_dir=str(trained_run), model_dir=str(tmp_path / "models"), name="m", verbose=0)

@@ -1,14 +1,15 @@
 """Export stage: the round trip (export, reload without Keras, compare), version numbering,
 the warmup records, encoded-image decoding, and every bad input as one line with exit code 2."""
 
+import dataclasses
 import io
 import json
 import os
-import shutil
 
 import numpy as np
 import pytest
 from PIL import Image
+from runs import copy_run
 
 from contract import (
     ASSETS_EXTRA,
@@ -20,11 +21,13 @@ from contract import (
     OUTPUT_IN_DISTRIBUTION,
     OUTPUT_OOD_SCORE,
     OUTPUT_PROBABILITIES,
+    SAMPLES_FILE,
     SIGNATURE_BYTES,
     SIGNATURE_PIXELS,
     WARMUP_FILE,
     WEIGHTS_FILE,
 )
+from contract import manifest as manifests
 from export import exporter, savedmodel
 
 TOLERANCE = 1e-5
@@ -60,8 +63,7 @@ def loaded(version_dir):
 
 @pytest.fixture(scope="module")
 def temperature(version_dir):
-    with open(version_dir / ASSETS_EXTRA / MANIFEST_FILE) as f:
-        return json.load(f)["confidence"]["temperature"]
+    return manifests.read_published(str(version_dir / ASSETS_EXTRA / MANIFEST_FILE)).confidence.temperature
 
 
 def _calibrated(probabilities, temperature):
@@ -94,12 +96,6 @@ def _encode(image, fmt, **kwargs):
     return buffer.getvalue()
 
 
-def _copy_run(src, dst):
-    """A writable copy of the files export reads, for tests that damage one of them."""
-    os.makedirs(dst)
-    for name in (MANIFEST_FILE, WEIGHTS_FILE):
-        shutil.copy(os.path.join(src, name), dst)
-    return dst
 
 
 # --- The round trip -------------------------------------------------------------------
@@ -108,7 +104,7 @@ def _copy_run(src, dst):
 def test_both_signatures_agree_with_the_keras_model(loaded, keras_model, manifest, splits, temperature):
     from train import models
 
-    images = np.concatenate([models.probe_batch(manifest["fingerprint"]["seed"]), splits.x_test[:8]])
+    images = np.concatenate([models.fingerprint_images(manifest["fingerprint"]["seed"]), splits.x_test[:8]])
     expected = _reference(keras_model, images, temperature)
     pngs = [_encode(Image.fromarray(image), "PNG") for image in images]
     for result in (_pixels(loaded, images), _bytes(loaded, pngs)):
@@ -123,8 +119,8 @@ def test_both_signatures_agree_with_the_keras_model(loaded, keras_model, manifes
 def test_the_model_reproduces_the_manifest_fingerprint(loaded, manifest, temperature):
     from train import models
 
-    probe = models.probe_batch(manifest["fingerprint"]["seed"])
-    result = _pixels(loaded, probe)
+    images = models.fingerprint_images(manifest["fingerprint"]["seed"])
+    result = _pixels(loaded, images)
     expected = _calibrated(manifest["fingerprint"]["outputs"], temperature)
     assert np.max(np.abs(result[OUTPUT_PROBABILITIES] - expected)) <= TOLERANCE
 
@@ -150,6 +146,7 @@ def test_manifest_copy_says_where_the_model_came_from(version_dir, manifest, tra
     assert served["model"] == manifest["model"]
     assert served["class_names"] == manifest["class_names"]
     assert served["fingerprint"] == manifest["fingerprint"]
+    assert served["format"] == manifests.FORMAT and set(served) == {f.name for f in dataclasses.fields(manifests.Published)} | {"num_classes"}
     export = served["export"]
     assert export["model_name"] == "cifar10"
     assert export["version"] == 1
@@ -263,8 +260,8 @@ def test_weights_trained_under_mirrored_strategy_export(mirrored_run, tmp_path):
         manifest = json.load(f)
     from train import models
 
-    probe = models.probe_batch(manifest["fingerprint"]["seed"])
-    result = _pixels(tf.saved_model.load(version), probe)
+    images = models.fingerprint_images(manifest["fingerprint"]["seed"])
+    result = _pixels(tf.saved_model.load(version), images)
     assert np.max(np.abs(result[OUTPUT_PROBABILITIES] - np.float32(manifest["fingerprint"]["outputs"]))) <= TOLERANCE
 
 
@@ -299,22 +296,32 @@ def _other_class_count(run):
 
 
 def _edit_manifest(edit):
+    """Change the run's manifest through the typed writer: ``edit`` takes a Manifest and returns the new one."""
     def damage(run):
-        with open(run / MANIFEST_FILE) as f:
-            manifest = json.load(f)
-        edit(manifest)
-        with open(run / MANIFEST_FILE, "w") as f:
-            json.dump(manifest, f)
+        path = str(run / MANIFEST_FILE)
+        manifests.write(path, edit(manifests.read(path)))
 
     return damage
 
 
 def _unknown_model(manifest):
-    manifest["model"]["name"] = "no_such_net"
+    return dataclasses.replace(manifest, model=manifests.ModelSpec("no_such_net"))
 
 
 def _shifted_fingerprint(manifest):
-    manifest["fingerprint"]["outputs"][0][0] += 1e-3
+    outputs = [list(row) for row in manifest.fingerprint.outputs]
+    outputs[0][0] += 1e-3
+    return dataclasses.replace(manifest, fingerprint=dataclasses.replace(manifest.fingerprint, outputs=outputs))
+
+
+def _no_samples(run):
+    os.remove(run / SAMPLES_FILE)
+
+
+def _older_format(run):
+    raw = json.loads((run / MANIFEST_FILE).read_text())
+    raw["format"] = 2  # an older pipeline's run: read by no code path
+    (run / MANIFEST_FILE).write_text(json.dumps(raw))
 
 
 def _retrained_weights(run):
@@ -335,13 +342,15 @@ def _retrained_weights(run):
         (_edit_manifest(_unknown_model), "unknown model 'no_such_net'"),
         (_edit_manifest(_shifted_fingerprint), "max absolute difference 0.001"),
         (_retrained_weights, "sha256 differs"),
+        (_no_samples, f"no {SAMPLES_FILE} in"),
+        (_older_format, "has manifest format 2, not 3: it was made by an older version of this pipeline; rebuild it "
+                        "with python -m train --output RUN --overwrite, then python -m export --run RUN"),
     ],
     ids=["no-manifest", "no-weights", "corrupt-weights", "other-architecture", "other-class-count",
-         "unknown-model", "fingerprint-mismatch", "other-weights"],
+         "unknown-model", "fingerprint-mismatch", "other-weights", "no-samples", "older-format"],
 )
 def test_bad_run_is_one_line_and_writes_nothing(trained_run, tmp_path, capsys, damage, message):
-    run = tmp_path / "run"
-    _copy_run(trained_run, run)
+    run = copy_run(trained_run, tmp_path / "run")
     damage(run)
     models = tmp_path / "models"
     assert exporter.main(["--run", str(run), "--model-dir", str(models)]) == 2
@@ -433,8 +442,8 @@ def test_missing_run_directory_is_one_line(tmp_path, capsys):
 
 def test_skip_if_exported_names_the_version_holding_these_weights(trained_run, model_base, capsys):
     before = sorted(os.listdir(model_base))
-    code = exporter.main(["--run", str(trained_run), "--model-dir", str(model_base.parent), "--name", model_base.name,
-                          "--skip-if-exported"])
+    code = exporter.main(["--run", str(trained_run), "--model-dir", str(model_base.parent), "--model-name",
+                          model_base.name, "--skip-if-exported"])
     assert code == 0
     assert capsys.readouterr().out.strip() == f"already exported as {model_base / '1'}"
     assert sorted(os.listdir(model_base)) == before, "nothing new was written"

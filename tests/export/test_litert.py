@@ -1,7 +1,7 @@
 """LiteRT: export writes and checks the float32 and int8 models; the server runs them, with and without TensorFlow."""
 
 import base64
-import json
+import dataclasses
 import os
 import shutil
 import subprocess
@@ -15,6 +15,7 @@ import requests
 
 import contract
 import synthetic
+from contract import manifest as manifests
 from live_server import start_server, stop_server
 from runs import copy_run
 
@@ -22,8 +23,8 @@ RUNTIMES = ("litert", "litert-int8", "savedmodel")
 
 
 def published(version_dir):
-    with open(version_dir / contract.ASSETS_EXTRA / contract.MANIFEST_FILE) as f:
-        return json.load(f)["export"]["litert"]
+    """The published manifest's LiteRT checks (a contract.manifest.LiteRT)."""
+    return manifests.read_published(str(version_dir / contract.ASSETS_EXTRA / contract.MANIFEST_FILE)).export.litert
 
 
 def sample_images(trained_run):
@@ -55,22 +56,23 @@ def test_export_writes_both_models_and_records_their_checks(model_base, trained_
     version = model_base / "1"
     report = published(version)
     images, labels = sample_images(trained_run)
-    assert report["checked_on"]["images"] == len(images)
+    assert report.checked_on.images == len(images)
+    checks = report.runtimes
     for runtime, file in (("litert", contract.LITERT_FILE), ("litert-int8", contract.LITERT_INT8_FILE)):
-        entry = report[runtime]
-        assert entry["published"] is True and entry["file"] == file and (version / file).is_file()
-        assert entry["bytes"] == (version / file).stat().st_size
-    assert report["litert"]["agreement"] == 1.0 and report["litert"]["max_abs_diff"] <= litert.FLOAT_TOLERANCE
-    assert report["litert-int8"]["agreement"] >= litert.AGREEMENT_GATE
-    assert report["litert-int8"]["calibration"]["images"] == len(np.load(trained_run / contract.SAMPLES_FILE)["train_images"])
-    assert report["litert-int8"]["calibration"]["float_layers"] == list(litert.FLOAT_LAYERS)  # seed_cnn has both
+        check = checks[runtime]
+        assert check.published is True and check.file == file and (version / file).is_file()
+        assert check.bytes == (version / file).stat().st_size
+    assert checks["litert"].agreement == 1.0 and checks["litert"].max_abs_diff <= litert.FLOAT_TOLERANCE
+    assert checks["litert-int8"].agreement >= litert.AGREEMENT_GATE
+    assert checks["litert-int8"].calibration.images == len(np.load(trained_run / contract.SAMPLES_FILE)["train_images"])
+    assert checks["litert-int8"].calibration.float_layers == list(litert.FLOAT_LAYERS)  # seed_cnn has both
     # The recorded numbers are what the published files do, re-measured here.
     expected = savedmodel_probabilities(version, images)
-    assert report["savedmodel"]["accuracy"] == pytest.approx(np.mean(expected.argmax(1) == labels))
+    assert report.savedmodel_accuracy == pytest.approx(np.mean(expected.argmax(1) == labels))
     for runtime in ("litert", "litert-int8"):
-        got = litert_outputs(version / report[runtime]["file"], images)
-        assert np.mean(got["probabilities"].argmax(1) == expected.argmax(1)) == pytest.approx(report[runtime]["agreement"])
-        assert report[runtime]["accuracy"] == pytest.approx(np.mean(got["probabilities"].argmax(1) == labels))
+        got = litert_outputs(version / checks[runtime].file, images)
+        assert np.mean(got["probabilities"].argmax(1) == expected.argmax(1)) == pytest.approx(checks[runtime].agreement)
+        assert checks[runtime].accuracy == pytest.approx(np.mean(got["probabilities"].argmax(1) == labels))
     # The float model has the SavedModel's whole serving_default signature, class names included.
     got = litert_outputs(version / contract.LITERT_FILE, images)
     assert got["class_ids"].tolist() == expected.argmax(1).tolist()
@@ -117,35 +119,35 @@ def test_the_gate_refuses_an_int8_model_calibrated_on_constant_images(trained_ru
     # Black images: every activation range it calibrates is [0, 0], so real images saturate it.
     samples["train_images"] = np.zeros_like(samples["train_images"])
     np.savez(run / contract.SAMPLES_FILE, **samples)
-    manifest = json.loads((run / contract.MANIFEST_FILE).read_text())
-    manifest["samples"]["sha256"] = sha256_file(run / contract.SAMPLES_FILE)
-    (run / contract.MANIFEST_FILE).write_text(json.dumps(manifest))
+    path = str(run / contract.MANIFEST_FILE)
+    manifest = manifests.read(path)
+    samples = dataclasses.replace(manifest.samples, sha256=sha256_file(run / contract.SAMPLES_FILE))
+    manifests.write(path, dataclasses.replace(manifest, samples=samples))
 
     version = exporter.run(run_dir=str(run), model_dir=str(tmp_path / "models"), name="cifar10", verbose=0)
-    report = published(Path(version))
-    assert report["litert-int8"]["published"] is False
-    assert "gate" in report["litert-int8"]["reason"] and report["litert-int8"]["agreement"] < 0.985
+    report = published(Path(version)).runtimes
+    assert report["litert-int8"].published is False
+    assert "gate" in report["litert-int8"].reason and report["litert-int8"].agreement < 0.985
     assert not os.path.exists(os.path.join(version, contract.LITERT_INT8_FILE))
     # The rest is published as usual.
-    assert report["litert"]["published"] is True
+    assert report["litert"].published is True
     assert os.path.isfile(os.path.join(version, contract.LITERT_FILE))
     assert os.path.isfile(os.path.join(version, "saved_model.pb"))
     err = capsys.readouterr().err
     assert f"{contract.LITERT_INT8_FILE} (litert-int8) not published" in err and "gate" in err
 
 
-def test_a_run_without_samples_gets_the_float_model_checked_on_the_probe(trained_run, tmp_path, capsys):
+def test_a_run_whose_samples_are_not_the_manifests_is_refused(trained_run, tmp_path, capsys):
     from export import exporter
 
     run = copy_run(trained_run, tmp_path / "run")
-    os.remove(run / contract.SAMPLES_FILE)
-    version = exporter.run(run_dir=str(run), model_dir=str(tmp_path / "models"), name="cifar10", verbose=0)
-    report = published(Path(version))
-    assert report["checked_on"]["source"] == "the manifest's probe batch"
-    assert report["litert"]["published"] is True and report["litert"]["agreement"] == 1.0
-    assert report["litert-int8"]["published"] is False and contract.SAMPLES_FILE in report["litert-int8"]["reason"]
-    assert not os.path.exists(os.path.join(version, contract.LITERT_INT8_FILE))
-    assert "int8 needs real images" in capsys.readouterr().err
+    with np.load(run / contract.SAMPLES_FILE) as data:
+        samples = dict(data)
+    np.savez(run / contract.SAMPLES_FILE, **{**samples, "test_labels": samples["test_labels"][::-1]})
+    assert exporter.main(["--run", str(run), "--model-dir", str(tmp_path / "models"), "--quiet"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: ") and "is not the file the run's manifest describes (sha256 differs)" in err
+    assert not (tmp_path / "models" / "cifar10").exists()
 
 
 # -- serving on every runtime -----------------------------------------------------------------

@@ -55,20 +55,20 @@ def _png_b64():
     return base64.b64encode(synthetic.encode(images[0])).decode()
 
 
-def test_the_published_manifest_is_read_as_the_typed_manifest(model_base, tmp_path, caplog):
+def test_the_published_manifest_is_read_as_the_typed_manifest(model_base, tmp_path):
     from serve import published
 
     served = published.manifest(str(model_base / "1"))
-    assert served.model.name == "seed_cnn" and served.export["version"] == 1 and served.num_classes == 3
-    # A copy whose manifest this code cannot read is still served, without the manifest's facts.
+    assert served.model.name == "seed_cnn" and served.export.version == 1 and served.num_classes == 3
+    # A copy whose manifest this code cannot read is refused, never served without the manifest's facts.
     models = tmp_path / "cifar10"
     shutil.copytree(model_base, models)
     (models / "1" / "assets.extra" / "manifest.json").write_text('{"format": 99}')
     app = create_app({"TESTING": True, "MODEL_DIR": str(models), "MODEL_NAME": "cifar10"})
     app.extensions["serve.backend"].wait_loaded()
     try:
-        body = app.test_client().get("/api/v1/model").get_json()
-        assert (body["version"], body["architecture"], body["class_names"]) == (1, None, None)
-        assert "manifest format 99" in caplog.text
+        answer = app.test_client().get("/api/v1/model")
+        assert answer.status_code == 503
+        assert "version 1 is refused" in answer.get_json()["error"] and "manifest format 99" in answer.get_json()["error"]
     finally:
         app.extensions["serve.backend"].close()

@@ -1,12 +1,14 @@
 """A newer version is never passed over in silence: export fails when the default runtime's model is
 refused, and the server logs, shows and counts every version it skips."""
 
+import dataclasses
 import json
 import logging
 import os
 import shutil
 
 import contract
+from contract import manifest as manifests
 from runs import copy_run
 
 
@@ -18,7 +20,7 @@ def test_export_fails_when_the_default_runtimes_model_is_refused(trained_run, tm
 
     monkeypatch.setattr(litert, "convert_float", broken)
     run = copy_run(trained_run, tmp_path / "run")
-    code = exporter.main(["--run", str(run), "--model-dir", str(tmp_path / "models"), "--name", "cifar10", "--quiet"])
+    code = exporter.main(["--run", str(run), "--model-dir", str(tmp_path / "models"), "--model-name", "cifar10", "--quiet"])
     assert code == exporter.EXIT_DEFAULT_RUNTIME_REFUSED
     err = capsys.readouterr().err
     assert "error:" in err and "litert" in err and "the converter broke" in err and "SERVE_RUNTIME=savedmodel" in err
@@ -27,13 +29,16 @@ def test_export_fails_when_the_default_runtimes_model_is_refused(trained_run, tm
     assert (version / "saved_model.pb").is_file() and not (version / contract.LITERT_FILE).exists()
 
 
-def test_export_succeeds_when_only_the_int8_model_is_refused(trained_run, tmp_path, capsys):
-    run = copy_run(trained_run, tmp_path / "run")
-    os.remove(run / contract.SAMPLES_FILE)  # int8 cannot be calibrated: a warning, not a failure
-    from export import exporter
+def test_export_succeeds_when_only_the_int8_model_is_refused(trained_run, tmp_path, monkeypatch, capsys):
+    from export import exporter, litert
 
-    assert exporter.main(["--run", str(run), "--model-dir", str(tmp_path / "models"), "--quiet"]) == 0
-    assert "int8 needs real images" in capsys.readouterr().err
+    def broken(saved_model_dir, calibration_images):
+        raise RuntimeError("the quantizer broke")
+
+    monkeypatch.setattr(litert, "convert_int8", broken)  # int8 is not made: a warning, not a failure
+    assert exporter.main(["--run", str(trained_run), "--model-dir", str(tmp_path / "models"), "--quiet"]) == 0
+    err = capsys.readouterr().err
+    assert "(litert-int8) not published: conversion failed: the quantizer broke" in err and "error:" not in err
 
 
 def _second_version_without_litert(model_base, tmp_path):
@@ -42,10 +47,11 @@ def _second_version_without_litert(model_base, tmp_path):
     shutil.copytree(model_base, models)
     shutil.copytree(models / "1", models / "2")
     os.remove(models / "2" / contract.LITERT_FILE)
-    manifest_path = models / "2" / contract.ASSETS_EXTRA / contract.MANIFEST_FILE
-    manifest = json.loads(manifest_path.read_text())
-    manifest["export"]["litert"]["litert"] = {"file": contract.LITERT_FILE, "published": False, "reason": "the gate said no"}
-    manifest_path.write_text(json.dumps(manifest))
+    manifest_path = str(models / "2" / contract.ASSETS_EXTRA / contract.MANIFEST_FILE)
+    manifest = manifests.read_published(manifest_path)
+    refused = manifests.RuntimeCheck(file=contract.LITERT_FILE, published=False, reason="the gate said no")
+    litert = dataclasses.replace(manifest.export.litert, runtimes={**manifest.export.litert.runtimes, "litert": refused})
+    manifests.write(manifest_path, dataclasses.replace(manifest, export=dataclasses.replace(manifest.export, litert=litert)))
     return models
 
 
@@ -86,5 +92,30 @@ def test_a_version_that_appears_later_without_the_runtimes_file_is_skipped_too(m
         backend.info()  # a request polls for new versions
         info = app.test_client().get("/api/v1/model").get_json()
         assert info["version"] == 1 and [s["version"] for s in info["skipped_versions"]] == [2]
+    finally:
+        backend.close()
+
+
+def test_a_version_in_an_older_manifest_format_is_refused_with_the_commands_that_rebuild_it(model_base, tmp_path):
+    from serve import create_app
+
+    models = tmp_path / "cifar10"
+    shutil.copytree(model_base, models)
+    shutil.copytree(models / "1", models / "2")
+    path = models / "2" / contract.ASSETS_EXTRA / contract.MANIFEST_FILE
+    raw = json.loads(path.read_text())
+    raw["format"] = 2  # what an older pipeline wrote
+    path.write_text(json.dumps(raw))
+    app = create_app({"TESTING": True, "MODEL_DIR": str(models), "MODEL_NAME": "cifar10"})
+    backend = app.extensions["serve.backend"]
+    backend.wait_loaded()
+    try:
+        client = app.test_client()
+        ready = client.get("/readyz")
+        assert ready.status_code == 503
+        error = ready.get_json()["error"]
+        assert "version 2 is refused" in error and "manifest format 2, not 3" in error
+        assert manifests.REBUILD in error and "\n" not in error
+        assert client.get("/api/v1/model").status_code == 503  # never served without its manifest's facts
     finally:
         backend.close()

@@ -75,7 +75,7 @@ def test_tensorflow_trains_with_onednn_on_every_cpu_unless_the_user_turns_it_off
 
 
 def test_the_cli_parses_flags_without_loading_a_framework():
-    code = ("import sys\nfrom train import cli\ncli.build_parser().parse_args(['--backend', 'jax'])\n"
+    code = ("import sys\nfrom train import cli\ncli.build_parser().parse_args(['--keras-backend', 'jax'])\n"
             "print(sorted(m for m in ('keras', 'tensorflow', 'jax') if m in sys.modules))")
     result = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stderr
@@ -100,7 +100,7 @@ def test_a_cli_start_shows_no_framework_noise(tmp_path):
     empty = tmp_path / "empty-data"
     empty.mkdir()
     result = subprocess.run([sys.executable, "-m", "train", "--data", str(empty), "--output", str(tmp_path / "out"),
-                             "--backend", "tensorflow"],
+                             "--keras-backend", "tensorflow"],
                             cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
     assert result.returncode == 2, result.stderr
     lines = result.stderr.splitlines()
@@ -108,7 +108,7 @@ def test_a_cli_start_shows_no_framework_noise(tmp_path):
     assert [line for line in lines if FRAMEWORK_LINE.search(line)] == [], "framework start-up lines reached the user"
     # The same run with CIFAR_VERBOSE=1 shows what was filtered, so the check above saw a real load.
     verbose = subprocess.run([sys.executable, "-m", "train", "--data", str(empty), "--output", str(tmp_path / "out"),
-                              "--backend", "tensorflow"],
+                              "--keras-backend", "tensorflow"],
                              cwd=REPO, env={**env, "CIFAR_VERBOSE": "1", "TF_CPP_MIN_LOG_LEVEL": "0"},
                              capture_output=True, text=True, timeout=300)
     assert verbose.returncode == 2

@@ -1,7 +1,7 @@
 """Training under Keras 3 on JAX (what TPUs run today), handed across to the TensorFlow export and server.
 
 JAX and TensorFlow cannot both be Keras's backend in one process, and this test process runs
-TensorFlow, so the JAX side runs in fresh processes, as `python -m train --backend jax` does.
+TensorFlow, so the JAX side runs in fresh processes, as `python -m train --keras-backend jax` does.
 """
 
 import json
@@ -44,7 +44,7 @@ def jax_run(tmp_path_factory, splits):
     tmp = tmp_path_factory.mktemp("jax")
     data = synthetic.write_tree(tmp / "data", splits)
     output = tmp / "run"
-    command = [sys.executable, "-m", "train", "--backend", "jax", "--data", str(data), "--output", str(output),
+    command = [sys.executable, "-m", "train", "--keras-backend", "jax", "--data", str(data), "--output", str(output),
                "--epochs", "4", "--batch-size", "8", "--precision", "float32", "--profile-steps", "2,3"]
     result = subprocess.run(command, cwd=REPO, env=jax_env(), capture_output=True, text=True, timeout=600)
     assert result.returncode == 0, result.stderr[-3000:]
@@ -59,7 +59,7 @@ def test_jax_run_learns_data_parallel_over_every_device(jax_run):
     output, _ = jax_run
     manifest = json.loads((output / MANIFEST_FILE).read_text())
     training = manifest["training"]
-    assert (training["backend"], training["strategy"], training["replicas"]) == ("jax", "DataParallel", HOST_DEVICES)
+    assert (training["keras_backend"], training["strategy"], training["replicas"]) == ("jax", "DataParallel", HOST_DEVICES)
     assert training["global_batch"] == 8 * HOST_DEVICES
     assert manifest["metrics"]["test_accuracy"] > 0.8  # three classes: chance is 0.33
     assert "jax" in manifest["versions"]
@@ -76,7 +76,7 @@ def test_jax_weights_export_under_tensorflow_and_serve_the_jax_models_answers(ja
     output, jax_predictions = jax_run
     version = exporter.run(run_dir=str(output), model_dir=str(tmp_path), name="cifar10", verbose=0)  # fingerprint checked
     published = json.loads((tmp_path / "cifar10" / "1" / "assets.extra" / "manifest.json").read_text())
-    assert published["training"]["backend"] == "jax" and os.path.basename(version) == "1"
+    assert published["training"]["keras_backend"] == "jax" and os.path.basename(version) == "1"
 
     images = np.load(output / SAMPLES_FILE)["test_images"]
     app = create_app({"TESTING": True, "MODEL_DIR": str(tmp_path / "cifar10"), "MODEL_NAME": "cifar10"})
@@ -95,11 +95,11 @@ def test_jax_backend_in_a_tensorflow_process_is_a_clear_error(tmp_path, capsys):
     from train import cli
 
     synthetic.write_tree(tmp_path / "data", synthetic.make_splits(train_per_class=4, test_per_class=2))
-    code = cli.main(["--backend", "jax", "--data", str(tmp_path / "data"), "--output", str(tmp_path / "out")])
+    code = cli.main(["--keras-backend", "jax", "--data", str(tmp_path / "data"), "--output", str(tmp_path / "out")])
     err = capsys.readouterr().err.strip()
     assert code == 2 and "\n" not in err
     assert err == "error: Keras is already loaded with the tensorflow backend in this process; " \
-                  "train with --backend jax in a new process"
+                  "train with --keras-backend jax in a new process"
     assert not (tmp_path / "out").exists()
 
 
@@ -110,7 +110,7 @@ import keras
 from train import models
 out = sys.argv[1]
 assert keras.backend.backend() == "jax"
-probe = models.probe_batch(5, count=4).astype("float32")
+probe = models.fingerprint_images(5, count=4).astype("float32")
 for name in models.model_names():
     model = models.build_model(name, num_classes=10)
     model.save_weights(f"{out}/{name}.weights.h5")
@@ -124,7 +124,7 @@ def test_every_registered_model_builds_under_jax_and_loads_under_tensorflow(tmp_
     result = subprocess.run([sys.executable, "-c", BUILD_ALL, str(tmp_path)], cwd=REPO,
                             env=jax_env(KERAS_BACKEND="jax"), capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr[-3000:]
-    probe = models.probe_batch(5, count=4).astype("float32")
+    probe = models.fingerprint_images(5, count=4).astype("float32")
     for name in models.model_names():
         model = models.build_model(name, num_classes=10)
         model.load_weights(str(tmp_path / f"{name}.weights.h5"))
@@ -145,7 +145,7 @@ def test_jax_trains_where_tensorflow_cannot_be_imported_and_tensorflow_exports_i
     (blocker / "__init__.py").write_text("raise ImportError('no tensorflow on this runtime')\n")
     data = synthetic.write_tree(tmp_path / "data", splits)
     output = tmp_path / "run"
-    command = [sys.executable, "-m", "train", "--backend", "jax", "--data", str(data), "--output", str(output),
+    command = [sys.executable, "-m", "train", "--keras-backend", "jax", "--data", str(data), "--output", str(output),
                "--epochs", "8", "--batch-size", "8", "--precision", "float32"]
     env = jax_env(PYTHONPATH=os.pathsep.join([str(blocker.parent), REPO]))
     result = subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True, timeout=600)

@@ -25,7 +25,7 @@ GLOBAL_BATCH = 16
 EPOCHS = 3
 DEADLINE_S = 900  # a whole run on a loaded 2-core machine; never reached when all is well
 # No augmentation: one process and several see the same batches, so their losses can be compared closely.
-FLAGS = ["--backend", "jax", "--model", "seed_cnn", "--precision", "float32", "--no-augment", "--seed", "3"]
+FLAGS = ["--keras-backend", "jax", "--model", "seed_cnn", "--precision", "float32", "--no-augment", "--seed", "3"]
 
 
 def free_port():
@@ -117,7 +117,7 @@ def test_two_processes_keep_identical_weights_after_every_epoch_and_only_process
 
     manifest = json.loads((output / MANIFEST_FILE).read_text())
     training = manifest["training"]
-    assert (training["backend"], training["strategy"], training["replicas"]) == ("jax", "DataParallel", 4)
+    assert (training["keras_backend"], training["strategy"], training["replicas"]) == ("jax", "DataParallel", 4)
     assert (training["global_batch"], training["batch_size_per_replica"]) == (GLOBAL_BATCH, 4)
     assert (training["epochs"], training["steps_per_epoch"]) == (EPOCHS, 96 // GLOBAL_BATCH)
     assert [int(row["epoch"]) for row in history(output)] == list(range(EPOCHS))

@@ -37,7 +37,7 @@ def test_notebook_keeps_the_runtimes_jax_and_trains_with_the_same_cli():
     for name, value in values.items():
         command = command.replace(name, value)
     args = cli.build_parser().parse_args(shlex.split(command))  # the CLI accepts exactly these flags
-    assert args.backend == "jax" and args.batch_size == 128 and args.output == "runs/x"
+    assert args.keras_backend == "jax" and args.batch_size == 128 and args.output == "runs/x"
 
 
 @pytest.fixture(scope="module")
@@ -67,7 +67,7 @@ def executed(tmp_path_factory):
 def test_every_cell_runs_on_the_cpu_and_trains_with_jax(executed):
     nb, run_dir = executed
     manifest = json.loads((run_dir / "manifest.json").read_text())
-    assert manifest["training"]["backend"] == "jax"
+    assert manifest["training"]["keras_backend"] == "jax"
     assert manifest["training"]["batch_size_per_replica"] == 128
     assert manifest["training"]["global_batch"] == 128 * manifest["training"]["replicas"]
     assert (run_dir / "model.weights.h5").exists()

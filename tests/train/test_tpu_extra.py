@@ -46,10 +46,10 @@ def test_tpu_extra_installs_imports_and_trains_on_a_machine_without_a_tpu(tmp_pa
     data = synthetic.write_zip(tmp_path / "data.zip", synthetic.make_splits(train_per_class=32, test_per_class=8))
     output = tmp_path / "run"
     train = subprocess.run(
-        [python, "-m", "train", "--backend", "jax", "--data", str(data), "--output", str(output), "--epochs", "1",
+        [python, "-m", "train", "--keras-backend", "jax", "--data", str(data), "--output", str(output), "--epochs", "1",
          "--batch-size", "16"],
         cwd=tmp_path, capture_output=True, text=True, timeout=600, env=env)
     assert train.returncode == 0, train.stderr[-3000:]
     assert train.stdout.splitlines()[0] == "no TPU found; training on 1 CPU device(s)"
     manifest = json.loads((output / "manifest.json").read_text())
-    assert manifest["training"]["backend"] == "jax" and manifest["training"]["hardware"] == "cpu"
+    assert manifest["training"]["keras_backend"] == "jax" and manifest["training"]["hardware"] == "cpu"

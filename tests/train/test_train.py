@@ -23,7 +23,7 @@ def test_model_outputs_probabilities_for_raw_pixels(name):
     import keras
 
     model = models.build_model(name, num_classes=7)
-    probabilities = model(models.probe_batch(1, count=4).astype("float32"), training=False).numpy()
+    probabilities = model(models.fingerprint_images(1, count=4).astype("float32"), training=False).numpy()
     assert probabilities.shape == (4, 7)
     np.testing.assert_allclose(probabilities.sum(axis=1), 1.0, rtol=1e-5)
     assert all(not layer.name.startswith(("input_layer", "conv2d", "dense")) for layer in model.layers), (
@@ -65,9 +65,9 @@ def test_unknown_model_names_the_known_ones():
         models.build_model("vgg", num_classes=10)
 
 
-def test_probe_batch_is_deterministic():
-    np.testing.assert_array_equal(models.probe_batch(7), models.probe_batch(7))
-    assert not np.array_equal(models.probe_batch(7), models.probe_batch(8))
+def test_fingerprint_images_are_deterministic():
+    np.testing.assert_array_equal(models.fingerprint_images(7), models.fingerprint_images(7))
+    assert not np.array_equal(models.fingerprint_images(7), models.fingerprint_images(8))
 
 
 # --- loaders ----------------------------------------------------------------------------
@@ -206,7 +206,7 @@ def test_a_tpu_that_is_not_there_is_an_error_not_a_fallback(tmp_path, capsys):
     err = capsys.readouterr().err.strip()
     assert code == 2
     assert err.startswith("error: TPU 'local' is not available") and "\n" not in err
-    assert err.endswith("train on them with --backend jax")  # this process trains on TensorFlow
+    assert err.endswith("train on them with --keras-backend jax")  # this process trains on TensorFlow
     assert not (tmp_path / "out").exists()
 
 
@@ -215,7 +215,7 @@ def test_tensorflow_on_a_tpu_host_trains_on_the_cpu_and_says_jax_would_use_the_t
     placement = tf_devices.placement("auto")
     assert (placement.name, placement.hardware) == ("_DefaultDistributionStrategy", "cpu")
     assert placement.note == ("a TPU is present, but TensorFlow trains on the CPU: no TensorFlow build runs on "
-                              "current TPUs; train on them with --backend jax")
+                              "current TPUs; train on them with --keras-backend jax")
 
 
 def test_bad_flags_exit_2(capsys):
@@ -294,8 +294,8 @@ def test_weights_reproduce_the_fingerprint(trained_run):
     manifest = json.loads((trained_run / MANIFEST_FILE).read_text())
     model = models.build_model("seed_cnn", num_classes=3)
     model.load_weights(str(trained_run / WEIGHTS_FILE))
-    probe = models.probe_batch(manifest["fingerprint"]["seed"])
-    outputs = model(probe.astype("float32"), training=False).numpy()
+    images = models.fingerprint_images(manifest["fingerprint"]["seed"])
+    outputs = model(images.astype("float32"), training=False).numpy()
     np.testing.assert_allclose(outputs, manifest["fingerprint"]["outputs"], atol=1e-6)
 
 
@@ -305,6 +305,19 @@ def test_rerunning_a_finished_run_keeps_it(trained_run, capsys):
     assert "already holds a finished run" in capsys.readouterr().out
     assert (trained_run / WEIGHTS_FILE).read_bytes() == before
     assert manifest["model"]["name"] == "seed_cnn"
+
+
+def test_a_run_in_an_older_manifest_format_is_refused_with_the_commands_that_rebuild_it(tmp_path, capsys):
+    from contract import manifest as manifests
+    from train import cli
+
+    output = tmp_path / "old-run"
+    output.mkdir()
+    (output / MANIFEST_FILE).write_text(json.dumps({"format": 2, "model": {"name": "seed_cnn"}}))
+    assert cli.main(["--output", str(output), "--tpu", "none"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "has manifest format 2, not 3" in err and manifests.REBUILD in err
+    assert "pass --overwrite to train again" not in err  # the rebuild command already says it
 
 
 def test_mirrored_strategy_weights_load_into_a_plain_cpu_model(mirrored_run, mirrored_strategy, splits):
@@ -320,7 +333,7 @@ def test_mirrored_strategy_weights_load_into_a_plain_cpu_model(mirrored_run, mir
     assert manifest["training"]["steps_per_epoch"] == len(splits.x_train) // 64
     assert keras.mixed_precision.global_policy().name == "float32", "the caller's policy is restored"
 
-    probe = models.probe_batch(3, count=16).astype("float32")
+    probe = models.fingerprint_images(3, count=16).astype("float32")
     with strategy.scope():
         distributed = models.build_model("seed_cnn", num_classes=3)
     distributed.load_weights(str(mirrored_run / WEIGHTS_FILE))
@@ -342,7 +355,7 @@ def test_killed_run_resumes_at_the_next_epoch(tmp_path, backend):
     source = synthetic.write_tree(tmp_path / "data", Splits(x, y, x[:30], y[:30], list(synthetic.CLASS_NAMES), ""))
     output = tmp_path / "run"
     command = [sys.executable, "-m", "train", "--data", str(source), "--output", str(output), "--epochs", "4",
-               "--batch-size", "16", "--precision", "float32", "--tpu", "none", "--backend", backend]
+               "--batch-size", "16", "--precision", "float32", "--tpu", "none", "--keras-backend", backend]
     env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"}
     env.pop("KERAS_BACKEND", None)
     first = subprocess.Popen(command, cwd=REPO, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
@@ -362,7 +375,7 @@ def test_killed_run_resumes_at_the_next_epoch(tmp_path, backend):
     assert finished == 2
     assert epochs_run and epochs_run[0] in ("3/4", "4/4") and epochs_run[-1] == "4/4"
     manifest = json.loads((output / MANIFEST_FILE).read_text())
-    assert manifest["training"]["epochs"] == 4 and manifest["training"]["backend"] == backend
+    assert manifest["training"]["epochs"] == 4 and manifest["training"]["keras_backend"] == backend
     assert [r["epoch"] for r in report.read_history(str(output / "history.csv"))] == [0, 1, 2, 3]
 
 
