@@ -131,15 +131,16 @@ def alive(context):
 
 
 def requested(model_spec):
-    """``(name, version)`` of a ``ModelSpec``; version None when it names none."""
-    if model_spec.WhichOneof("version_choice") == "version_label":
-        raise ServeError(f"model {model_spec.name!r} has no version labels (asked for {model_spec.version_label!r}); "
-                         "name a version, or none for the newest", 404)
-    return model_spec.name, model_spec.version.value if model_spec.HasField("version") else None
+    """``(name, version, label)`` of a ``ModelSpec``: the version it names by number or by label, or neither (None)."""
+    choice = model_spec.WhichOneof("version_choice")
+    return (model_spec.name, model_spec.version.value if choice == "version" else None,
+            model_spec.version_label if choice == "version_label" else None)
 
 
 def not_found(e, name, version):
     """A :class:`NotServed` in TF Serving's own words."""
+    if e.label is not None:
+        return Failure(grpc.StatusCode.NOT_FOUND, f"Unrecognized servable version label: {e.label} ({e})")
     which = f"Specific({name}, {version})" if version is not None else f"Latest({name})"
     return Failure(grpc.StatusCode.NOT_FOUND, f"Servable not found for request: {which} ({e})")
 
@@ -153,11 +154,13 @@ class PredictionService(prediction_service_pb2_grpc.PredictionServiceServicer):
         self.max_tensor_bytes = max_tensor_bytes
 
     def _model(self, model_spec):
-        name, version = requested(model_spec)
+        """``(name, version, info)``: version, the number the spec's version or label named (None: neither)."""
+        name, version, label = requested(model_spec)
         try:
-            return name, version, self.service.model(name, version)
+            info = self.service.model(name, version, label)
         except NotServed as e:
             raise not_found(e, name, version) from None
+        return name, info.version if version is not None or label is not None else None, info
 
     @_edge
     def Predict(self, request, context):
@@ -284,23 +287,30 @@ class ModelService(model_service_pb2_grpc.ModelServiceServicer):
 
     @_edge
     def GetModelStatus(self, request, context):
-        name, version = requested(request.model_spec)
+        name, version, label = requested(request.model_spec)
         if name != self.service.model_name:
             raise Failure(grpc.StatusCode.NOT_FOUND, f"Could not find any versions of model {name}")
-        info = self.service.info()
-        if version is not None and version not in [int(v) for v in info.versions]:
-            raise Failure(grpc.StatusCode.NOT_FOUND, f"Could not find version {version} of model {name}")
+        try:
+            info = self.service.model(name, version, label)
+        except NotServed as e:
+            if e.label is not None:
+                raise not_found(e, name, version) from None
+            raise Failure(grpc.StatusCode.NOT_FOUND, f"Could not find version {version} of model {name}") from None
+        shown = info.version_states()  # newest first, as TF Serving
+        if version is not None or label is not None:
+            shown = [(info.version, "AVAILABLE")]
         response = get_model_status_pb2.GetModelStatusResponse()
-        for number in [version] if version is not None else sorted(info.versions, reverse=True):  # newest first, as TF Serving
+        for number, state in shown:
             entry = response.model_version_status.add()
             entry.version = int(number)
-            entry.state = get_model_status_pb2.ModelVersionStatus.AVAILABLE
+            entry.state = get_model_status_pb2.ModelVersionStatus.State.Value(state)
             entry.status.error_code = 0  # tensorflow.error.OK
         return response
 
     @_edge
     def HandleReloadConfigRequest(self, request, context):
-        raise Failure(grpc.StatusCode.UNIMPLEMENTED, "this server reads no model config; it serves the versions under MODEL_DIR")
+        raise Failure(grpc.StatusCode.UNIMPLEMENTED, "this server reads its model config from SERVE_MODEL_CONFIG_FILE, "
+                      "again whenever it changes; edit that file instead")
 
 
 class HealthService(health_pb2_grpc.HealthServicer):
