@@ -254,8 +254,9 @@ class LocalBackend:
                         loaded[version].batcher.close()
                     self._states.pop(version, None)
                 if missing is not None:  # as TF Serving refuses such a config: keep the one before it
-                    log.error("model config %s refused: label %r names version %s of model %s, which is not available; "
-                              "keeping the config read before", config.source, missing[0], missing[1], self.name)
+                    log.error("model config refused: %s: Request to assign label %s to version %s of model %s, which is "
+                              "not currently available for inference; keeping the one read before", config.source,
+                              missing[0], missing[1], self.name)
                     self._config = served.config
                 return
             self._publish(config, loaded, dict(config.labels))
