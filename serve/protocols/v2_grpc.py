@@ -4,7 +4,7 @@ against this server unchanged.
 
 ``ServerLive``, ``ServerReady``, ``ModelReady``, ``ServerMetadata``, ``ModelMetadata`` and ``ModelInfer``,
 on the ``grpc.server`` that :func:`serve.protocols.tfserving_grpc.make_server` starts in every worker
-(one ``GRPC_PORT`` for both gRPC APIs and health), behind the same :class:`~serve.protocols.tfserving_grpc.Guard`
+(one ``GRPC_PORT`` for both gRPC APIs and health), behind the same :class:`~serve.protocols.grpc_guard.Guard`
 (API keys in the metadata, the ``api`` area's rate limit shared with HTTP), the same receive limit and
 the same error edge (a :class:`~serve.core.errors.ServeError` leaves as its status code and message;
 deadlines and cancellation checked between the stages).
