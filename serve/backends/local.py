@@ -257,7 +257,8 @@ class LocalBackend:
                     log.error("model config refused: %s: Request to assign label %s to version %s of model %s, which is "
                               "not currently available for inference; keeping the one read before", config.source,
                               missing[0], missing[1], self.name)
-                    self._config = served.config
+                    if self._config is config:  # (a newer one read meanwhile is tried at the next poll)
+                        self._config = served.config
                 return
             self._publish(config, loaded, dict(config.labels))
             for version, state in served.loaded.items():
