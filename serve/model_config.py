@@ -26,8 +26,10 @@ Typical usage (``serve.settings`` checks the file at start; the local backend re
 """
 
 import dataclasses
+import logging
 import os
 import re
+import time
 from collections.abc import Mapping
 
 from google.protobuf import text_format
@@ -40,6 +42,8 @@ POLICIES = ("latest", "specific", "all")
 LABEL = re.compile(r"[A-Za-z_][A-Za-z0-9_-]*")
 #: The platforms TF Serving's configs name for a SavedModel ("" is the field left out).
 PLATFORMS = ("tensorflow", "")
+
+log = logging.getLogger(__name__)
 
 
 class ConfigError(ValueError):
@@ -157,3 +161,45 @@ def check_published(config):
                           f"(published: {', '.join(map(str, published_now))}; served by the policy: "
                           f"{', '.join(map(str, config.select(published_now))) or 'none'})")
     return config
+
+
+class Watched:
+    """A config file read at start and read again, at most every ``poll_s`` seconds (0: never), when asked.
+
+    Not thread-safe by design and harmless so: two threads reading the same file at once find the same text.
+    """
+
+    def __init__(self, path, poll_s):
+        self.path, self.poll_s = path, float(poll_s)
+        self._text = read_text(path)
+        self.config = parse(self._text, path)
+        self._read_at = time.monotonic()
+
+    def poll(self, now, current):
+        """A new :class:`ModelConfig` when the file changed and is valid, else None (a refusal is logged once).
+
+        ``current`` is the config in force: a new one may not change its model's name or ``base_path``.
+        """
+        if self.poll_s <= 0 or now - self._read_at < self.poll_s:
+            return None
+        self._read_at = now
+        try:
+            text = read_text(self.path)
+        except ConfigError as e:
+            log.error("%s; keeping the model config read before", e)
+            return None
+        if text == self._text:
+            return None
+        self._text = text
+        try:
+            config = parse(text, self.path)
+            if (config.name, config.base_path) != (current.name, current.base_path):
+                raise ConfigError(f"{self.path}: changing the model's name or base_path needs a restart "
+                                  f"(serving {current.name} from {current.base_path})")
+        except ConfigError as e:
+            log.error("model config refused: %s; keeping the one read before", e)
+            return None
+        log.info("model config %s read: %s versions %s, labels %s", self.path, config.policy,
+                 list(config.versions) or config.num_versions, dict(config.labels))
+        self.config = config
+        return config

@@ -61,14 +61,9 @@ class LocalBackend:
         # Like TF Serving's file-system poll: a new version N+1/ replaces the served one.
         self._poll_s = float(poll_s)
         self._polled_at = time.monotonic()
-        self._config_file, self._config_poll_s = config_file, float(config_poll_s)
-        self._config_text = None
-        self._config = model_config.newest(name, self.model_dir)
-        if config_file is not None:
-            self._config_text = model_config.read_text(config_file)
-            self._config = model_config.parse(self._config_text, config_file)
-            self.model_dir = self._config.base_path
-        self._config_polled_at = time.monotonic()
+        self._config_file = None if config_file is None else model_config.Watched(config_file, config_poll_s)
+        self._config = model_config.newest(name, self.model_dir) if config_file is None else self._config_file.config
+        self.model_dir = self._config.base_path
         self._states = {}  # version -> LOADING, AVAILABLE, UNLOADING or END, for the status routes
         self._swapping = threading.Lock()
         self._max_batch = max_batch
@@ -153,7 +148,8 @@ class LocalBackend:
     def _poll(self):
         """Re-read the config, list the versions; when the loaded ones should change, start that in the background."""
         now = time.monotonic()
-        self._poll_config(now)
+        if self._config_file is not None and (config := self._config_file.poll(now, self._config)) is not None:
+            self._config = config
         served = self._served
         due = self._poll_s > 0 and now - self._polled_at >= self._poll_s
         if not due and self._config is served.config:
@@ -184,31 +180,6 @@ class LocalBackend:
                     continue
             candidates.append(version)
         return candidates
-
-    def _poll_config(self, now):
-        """Read the config file again (at most every ``config_poll_s``); a changed, valid one replaces the config."""
-        if self._config_file is None or self._config_poll_s <= 0 or now - self._config_polled_at < self._config_poll_s:
-            return
-        self._config_polled_at = now
-        try:
-            text = model_config.read_text(self._config_file)
-        except model_config.ConfigError as e:
-            log.error("%s; keeping the model config read before", e)
-            return
-        if text == self._config_text:
-            return
-        self._config_text = text
-        try:
-            config = model_config.parse(text, self._config_file)
-            if (config.name, config.base_path) != (self._config.name, self._config.base_path):
-                raise model_config.ConfigError(f"{self._config_file}: changing the model's name or base_path needs a "
-                                               f"restart (serving {self._config.name} from {self._config.base_path})")
-        except model_config.ConfigError as e:
-            log.error("model config refused: %s; keeping the one read before", e)
-            return
-        log.info("model config %s read: %s versions %s, labels %s", self._config_file, config.policy,
-                 list(config.versions) or config.num_versions, dict(config.labels))
-        self._config = config
 
     def _due(self, version, now):
         """Whether ``version`` may be loaded now: never failed, or its back-off has passed."""
