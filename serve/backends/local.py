@@ -1,13 +1,9 @@
 """The exported model in this process: one of :mod:`serve.backends.runtimes` (LiteRT float32 or int8, or the
 SavedModel in TensorFlow), concurrent requests micro-batched, new versions picked up as they appear.
 
-Which versions are loaded, and their labels, follow a :class:`serve.model_config.ModelConfig`: TF Serving's
-model config file when one is given (re-read every ``config_poll_s``), else the newest version alone. Every
-poll compares the versions the config selects out of those published with the loaded ones; new ones are
-loaded in the background and swapped in, with the labels, in one step, before the ones no longer selected
-are retired: a request always finds the version or label it names, and a label moves between two loaded
-versions without a failed request. A new config whose label names a version that did not load is refused
-and the one before it kept, as TF Serving refuses it.
+The versions loaded and their labels follow a :class:`serve.model_config.ModelConfig` (TF Serving's config
+file, else the newest version alone). New versions load in the background, then they and the labels are
+swapped in in one step before the versions no longer selected retire: a label moves without a failed request.
 """
 
 import dataclasses
@@ -40,8 +36,7 @@ class LocalBackend:
     version gets (the newest loaded), and ``on_skip(runtime, version, reason)`` each time a version newer
     than that one is passed over (no model file for this runtime, export refused it, or it failed to
     load); the skipped versions and why are in :attr:`skipped_versions` for ``/readyz`` and ``/api/v1/model``.
-    ``config_file`` (TF Serving's ``ModelServerConfig`` text) is read at start and, when
-    ``config_poll_s`` > 0, again whenever it changes.
+    ``config_file`` is read at start and again, every ``config_poll_s`` (> 0), when it changed.
     """
 
     kind = "local"
@@ -72,6 +67,8 @@ class LocalBackend:
         self._max_queue, self._timeout_s, self._on_waiting = max_queue, timeout_s, on_waiting
         self._lock = threading.Lock()
         self._served = None  # a _Served once loaded
+        self._infos = (None, {})  # (the _Served they describe, {version: ModelInfo}): see _refresh
+        self._refreshing = threading.Lock()
         self._error = None
         self._tried_at = None
         # Load in the background: the worker answers /healthz and /readyz (503) meanwhile
@@ -125,24 +122,22 @@ class LocalBackend:
             raise ServeError(f"no model versions (directories N/ with a saved_model.pb) under {self.model_dir}", 503)
         wanted = self._config.select(available)
         if not wanted:
-            raise ServeError(f"none of the versions under {self.model_dir} ({', '.join(map(str, available))}) is one the "
-                             f"model config selects ({self._config.policy} {list(self._config.versions)})", 503)
+            raise ServeError(f"the model config selects none of the versions under {self.model_dir}", 503)
         self._note_skipped(wanted[-1], available)
         loaded = {}
         try:
             for version in wanted:
-                self._states[version] = LOADING
+                self._set_state(version, LOADING)
                 loaded[version] = self._load_version(version)
+            if (missing := self._config.unlabelled(loaded)) is not None:
+                raise ServeError(f"label {missing[0]!r} names version {missing[1]} of model {self.name}, which is not "
+                                 f"available (loaded: {', '.join(map(str, loaded))})", 503)
         except Exception:
             for state in loaded.values():
                 state.batcher.close()
             for version in wanted:
-                self._states.pop(version, None)
+                self._set_state(version, None)
             raise
-        missing = self._config.unlabelled(loaded)
-        if missing is not None:
-            raise ServeError(f"label {missing[0]!r} names version {missing[1]} of model {self.name}, which is not "
-                             f"available (loaded: {', '.join(map(str, loaded))})", 503)
         return loaded
 
     def _poll(self):
@@ -195,12 +190,14 @@ class LocalBackend:
         for version in list(self.skipped_versions):
             if version in available and version not in self._retry_at:
                 del self.skipped_versions[version]
+                self._refresh()
         for version in published.versions(self.model_dir):
             if version > served and version not in available and version not in self.skipped_versions:
                 self._skip(version, runtimes.missing_reason(os.path.join(self.model_dir, str(version)), self.runtime))
 
     def _skip(self, version, reason):
         self.skipped_versions[version] = reason
+        self._refresh()
         log.warning("skipping version %s: %s", version, reason)
         if self._on_skip is not None:
             try:
@@ -223,7 +220,7 @@ class LocalBackend:
                 for version in fresh:
                     if version in loaded:
                         loaded[version].batcher.close()
-                    self._states.pop(version, None)
+                    self._set_state(version, None)
                 if missing is not None:  # as TF Serving refuses such a config: keep the one before it
                     log.error("model config refused: %s: Request to assign label %s to version %s of model %s, which is "
                               "not currently available for inference; keeping the one read before", config.source,
@@ -240,26 +237,28 @@ class LocalBackend:
 
     def _try_load(self, version):
         """``version`` loaded, or None when it failed (then tried again after a back-off, and skipped meanwhile)."""
-        self._states[version] = LOADING
+        self._set_state(version, LOADING)
         try:
             state = self._load_version(version)
         except Exception as e:  # keep serving the versions we have, and try this one again after a back-off
-            self._states.pop(version, None)
+            self._set_state(version, None)
             _, failures = self._retry_at.get(version, (0.0, 0))
             wait = min(RETRY_MAX_S, RETRY_FIRST_S * 2**failures)
             self._retry_at[version] = (time.monotonic() + wait, failures + 1)
             self._skip(version, f"failed to load: {type(e).__name__}: {e} (tried {failures + 1} times; again in {wait:g} s)")
             return None
         self._retry_at.pop(version, None)
-        self.skipped_versions.pop(version, None)
+        if self.skipped_versions.pop(version, None) is not None:
+            self._refresh()
         return state
 
     def _publish(self, config, loaded, labels):
         """Make ``loaded`` and ``labels`` what requests see, in one assignment."""
         before = self._served
-        self._served = _Served(config, dict(loaded), labels, max(loaded))
         for version in loaded:
             self._states[version] = AVAILABLE
+        self._served = _Served(config, dict(loaded), labels, max(loaded))
+        self._refresh()
         if before is None or before.default != self._served.default:
             if before is not None:
                 log.info("now serving version %s (was %s)", self._served.default, before.default)
@@ -271,12 +270,12 @@ class LocalBackend:
 
     def _retire(self, version, state):
         """Requests that already hold ``state`` finish on it; then its batcher thread ends."""
-        self._states[version] = UNLOADING
+        self._set_state(version, UNLOADING)
 
         def close():
             state.batcher.close()
             if self._states.get(version) == UNLOADING:
-                self._states[version] = END
+                self._set_state(version, END)
 
         retire = threading.Timer(RETIRE_AFTER_S, close)
         retire.daemon = True  # never hold up a worker's shutdown
@@ -306,8 +305,29 @@ class LocalBackend:
     def info(self, version=None):
         served = self._load()
         state = self._version(served, version)
-        return dataclasses.replace(state.info, versions=tuple(sorted(served.loaded)), labels=served.labels,
-                                   states=dict(self._states), skipped_versions=dict(self.skipped_versions))
+        cached_for, infos = self._infos
+        return infos[state.version] if cached_for is served else self._info_of(served)[state.version]
+
+    def _info_of(self, served):
+        """Every loaded version's info as requests see it: every version, the labels, the states, the skipped."""
+        seen = {"versions": tuple(sorted(served.loaded)), "labels": served.labels, "states": dict(self._states),
+                "skipped_versions": dict(self.skipped_versions)}
+        return {version: dataclasses.replace(state.info, **seen) for version, state in served.loaded.items()}
+
+    def _refresh(self):
+        """Build the infos :meth:`info` answers with again, after what they show changed (once, not per request)."""
+        with self._refreshing:  # one at a time, so an older view never overwrites a newer one
+            served = self._served
+            if served is not None:
+                self._infos = (served, self._info_of(served))
+
+    def _set_state(self, version, state):
+        """Record ``version``'s state (None: forget it) for the status routes."""
+        if state is None:
+            self._states.pop(version, None)
+        else:
+            self._states[version] = state
+        self._refresh()
 
     def infer(self, images, version=None):
         served = self._load()  # one snapshot for the whole call: the answer names the version that gave it
@@ -326,8 +346,7 @@ class LocalBackend:
             raise ServeError(f"prediction failed: {type(e).__name__}: {e}", 500) from e
 
     def predict(self, images):
-        """``serving_default``'s outputs for uint8 pixels, by the newest version."""
-        return self.infer(images).outputs
+        return self.infer(images).outputs  # serving_default's outputs for uint8 pixels, by the newest version
 
     def run(self, signature_name, inputs, version=None):
         state = self._version(self._load(), version)
