@@ -1,7 +1,8 @@
 """Several versions and their labels from TF Serving's model config file (serve/model_config.py, read by the
 local backend): two versions of ``model_base`` served with ``specific``, labels ``stable`` -> 1 and ``canary``
--> 2, answered by TF Serving's REST and gRPC APIs and the Open Inference Protocol over HTTP and gRPC; a
-label moved in the file moves the traffic without a restart and without a failed request."""
+-> 2, answered by TF Serving's REST API, its gRPC API (``tensorflow-serving-api``'s own stubs) and the Open
+Inference Protocol over HTTP and gRPC (``tritonclient``); a label moved in the file moves the traffic
+without a restart and without a failed request."""
 
 import os
 import shutil
@@ -18,9 +19,10 @@ from tritonclient.utils import InferenceServerException
 
 import contract
 import synthetic
+from tensorflow_serving.apis import (get_model_status_pb2, model_service_pb2_grpc, predict_pb2,  # TF Serving's own stubs
+                                     prediction_service_pb2_grpc)
+
 from tfs_protos import tensors
-from tfs_protos.tensorflow_serving.apis import (get_model_status_pb2, model_service_pb2_grpc, predict_pb2,
-                                                prediction_service_pb2_grpc)
 
 MODEL = "cifar10"
 #: Seconds a call, or a switch the test waits for, may take: generous, this is no timing test.
@@ -103,7 +105,8 @@ def grpc_predict(channel, pixels, version=None, label=None):
         request.model_spec.version.value = version
     if label is not None:
         request.model_spec.version_label = label
-    request.inputs[contract.INPUT_PIXELS].CopyFrom(tensors.to_proto(pixels))
+    # The vendored TensorProto is wire-identical to TensorFlow's: its bytes, without importing TensorFlow's helpers.
+    request.inputs[contract.INPUT_PIXELS].ParseFromString(tensors.to_proto(pixels).SerializeToString())
     return prediction_service_pb2_grpc.PredictionServiceStub(channel).Predict(request, timeout=DEADLINE_S)
 
 
@@ -194,7 +197,8 @@ def test_tf_serving_grpc_honours_version_and_version_label(channel, pixels):
     for spec, version in (({}, 2), ({"version": 1}, 1), ({"label": "stable"}, 1), ({"label": "canary"}, 2)):
         answer = grpc_predict(channel, pixels, **spec)
         assert answer.model_spec.version.value == version, spec
-        assert tensors.to_array(answer.outputs[contract.OUTPUT_PROBABILITIES]).shape == (len(pixels), len(synthetic.CLASS_NAMES))
+        probabilities = answer.outputs[contract.OUTPUT_PROBABILITIES]
+        assert [d.size for d in probabilities.tensor_shape.dim] == [len(pixels), len(synthetic.CLASS_NAMES)]
     stub = model_service_pb2_grpc.ModelServiceStub(channel)
     request = get_model_status_pb2.GetModelStatusRequest()
     request.model_spec.name = MODEL
