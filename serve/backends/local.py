@@ -48,8 +48,7 @@ class LocalBackend:
         self.name = name
         self.runtime = runtimes.check(runtime)
         self._threads = threads or None  # None: runtimes.default_threads()
-        self._on_load = on_load
-        self._on_skip = on_skip
+        self._on_load, self._on_skip = on_load, on_skip
         #: Versions newer than the served one that were passed over: ``{version: reason}``.
         self.skipped_versions = {}
         self._retry_at = {}  # version -> (monotonic time it may be tried again, failed loads so far)
@@ -60,17 +59,14 @@ class LocalBackend:
         self._config = model_config.newest(name, self.model_dir) if config_file is None else self._config_file.config
         self.model_dir = self._config.base_path
         self._states = {}  # version -> LOADING, AVAILABLE, UNLOADING or END, for the status routes
-        self._swapping = threading.Lock()
-        self._max_batch = max_batch
-        self._wait_s = batch_wait_ms / 1000.0
-        self._on_batch = on_batch
+        self._swapping, self._refreshing = threading.Lock(), threading.Lock()
+        self._max_batch, self._wait_s, self._on_batch = max_batch, batch_wait_ms / 1000.0, on_batch
         self._max_queue, self._timeout_s, self._on_waiting = max_queue, timeout_s, on_waiting
         self._lock = threading.Lock()
         self._served = None  # a _Served once loaded
         self._infos = (None, {})  # (the _Served they describe, {version: ModelInfo}): see _refresh
-        self._refreshing = threading.Lock()
-        self._error = None
-        self._tried_at = None
+        self._retiring = {}  # version -> _Loaded: replaced, still answering what was already sent to it
+        self._error = self._tried_at = None
         # Load in the background: the worker answers /healthz and /readyz (503) meanwhile
         # instead of leaving connections hanging while the model loads.
         self._loader = threading.Thread(target=self._load_quietly, name="model-loader", daemon=True)
@@ -146,11 +142,10 @@ class LocalBackend:
         if self._config_file is not None and (config := self._config_file.poll(now, self._config)) is not None:
             self._config = config
         served = self._served
-        due = self._poll_s > 0 and now - self._polled_at >= self._poll_s
-        if not due and self._config is served.config:
-            return
-        if due:
+        if self._poll_s > 0 and now - self._polled_at >= self._poll_s:
             self._polled_at = now
+        elif self._config is served.config:
+            return
         available = runtimes.versions(self.model_dir, self.runtime)
         self._note_skipped(served.default, available)
         config = self._config
@@ -178,8 +173,7 @@ class LocalBackend:
 
     def _due(self, version, now):
         """Whether ``version`` may be loaded now: never failed, or its back-off has passed."""
-        retry_at, _ = self._retry_at.get(version, (0.0, 0))
-        return now >= retry_at
+        return now >= self._retry_at.get(version, (0.0, 0))[0]
 
     def _note_skipped(self, served, available):
         """Log, record and count each published version newer than ``served`` that this runtime cannot serve.
@@ -199,11 +193,7 @@ class LocalBackend:
         self.skipped_versions[version] = reason
         self._refresh()
         log.warning("skipping version %s: %s", version, reason)
-        if self._on_skip is not None:
-            try:
-                self._on_skip(self.runtime, version, reason)
-            except Exception:  # metrics must never stop a model from serving
-                log.exception("on_skip hook failed")
+        _hook(self._on_skip, self.runtime, version, reason)
 
     def _reconcile(self, config, wanted):
         """Load the versions of ``wanted`` not loaded, then swap in them and ``config``'s labels in one step."""
@@ -262,17 +252,17 @@ class LocalBackend:
         if before is None or before.default != self._served.default:
             if before is not None:
                 log.info("now serving version %s (was %s)", self._served.default, before.default)
-            if self._on_load is not None:
-                try:
-                    self._on_load(self.runtime, self._served.default)
-                except Exception:  # metrics must never stop a model from serving
-                    log.exception("on_load hook failed")
+            _hook(self._on_load, self.runtime, self._served.default)
 
     def _retire(self, version, state):
-        """Requests that already hold ``state`` finish on it; then its batcher thread ends."""
+        """Requests already sent to ``state`` (holding it, or its number resolved from a label) finish on it; then
+        its batcher thread ends. New requests cannot name it: it is no longer among the versions served."""
+        self._retiring[version] = state
         self._set_state(version, UNLOADING)
 
         def close():
+            if self._retiring.get(version) is state:
+                del self._retiring[version]
             state.batcher.close()
             if self._states.get(version) == UNLOADING:
                 self._set_state(version, END)
@@ -306,13 +296,14 @@ class LocalBackend:
         served = self._load()
         state = self._version(served, version)
         cached_for, infos = self._infos
-        return infos[state.version] if cached_for is served else self._info_of(served)[state.version]
+        info = infos.get(state.version) if cached_for is served else None
+        return info if info is not None else self._info_of(served, {state.version: state})[state.version]
 
-    def _info_of(self, served):
-        """Every loaded version's info as requests see it: every version, the labels, the states, the skipped."""
+    def _info_of(self, served, states=None):
+        """Each version's info (default: every loaded one's) as requests see it: every version, the labels, the states."""
         seen = {"versions": tuple(sorted(served.loaded)), "labels": served.labels, "states": dict(self._states),
                 "skipped_versions": dict(self.skipped_versions)}
-        return {version: dataclasses.replace(state.info, **seen) for version, state in served.loaded.items()}
+        return {version: dataclasses.replace(state.info, **seen) for version, state in (states or served.loaded).items()}
 
     def _refresh(self):
         """Build the infos :meth:`info` answers with again, after what they show changed (once, not per request)."""
@@ -372,12 +363,21 @@ class LocalBackend:
     def _version(self, served, version):
         """The loaded ``version`` of ``served`` (None: the newest); :class:`NotServed` when it is not loaded."""
         number = served.default if version is None else int(version)
-        state = served.loaded.get(number)
+        state = served.loaded.get(number) or (self._retiring.get(number) if version is not None else None)
         if state is None:
             raise NotServed(self.name, version, tuple(sorted(served.loaded)),
                             f"model {self.name!r} version {version} is not loaded "
                             f"(available: {', '.join(map(str, sorted(served.loaded)))})")
         return state
+
+
+def _hook(hook, *args):
+    """Call a metrics hook (None: none); its failure is logged, and never stops a model from serving."""
+    if hook is not None:
+        try:
+            hook(*args)
+        except Exception:
+            log.exception("%s hook failed", getattr(hook, "__name__", "a"))
 
 
 @dataclasses.dataclass(frozen=True)

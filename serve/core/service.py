@@ -268,7 +268,9 @@ class InferenceService:
     def infer(self, pixels, name=None, version=None, info=None, label=None) -> Inference:
         """``serving_default`` on uint8 pixels ``[N, 32, 32, 3]``; every image counted once in the metrics.
 
-        ``info``: what :meth:`model` answered for this request's ``version`` or ``label``, when the caller asked already.
+        ``info``: what :meth:`model` answered for this request's ``version`` or ``label``, when the caller asked already;
+        with it, the version it resolved to answers, though a new config has retired it since (the backend finishes
+        what was sent to a version before it retired).
         """
         if info is None:
             self.check_count(len(pixels))
@@ -282,13 +284,14 @@ class InferenceService:
         self._observe(prediction.version, prediction.outputs, len(pixels))
         return Inference(info, prediction.version, prediction.outputs)
 
-    def run(self, signature_name, inputs, name=None, version=None, label=None) -> Inference:
+    def run(self, signature_name, inputs, name=None, version=None, label=None, info=None) -> Inference:
         """Any signature of the model on ``{input key: array}``, as TF Serving's APIs call one.
 
         ``predict_images`` (encoded images) is decoded here and answered by ``serving_default``, so
         no user bytes reach a model; ``serving_default`` on pixels goes the way of :meth:`infer`.
+        ``info``: as for :meth:`infer` (a version a label named then runs even if the label moves meanwhile).
         """
-        info, version = self._route(name, version, label)
+        info, version = self._route(name, version, label, info)
         signature_def = info.signature_defs.get(signature_name)
         if signature_def is None:
             raise ServeError(f"signature {signature_name!r} not found; this model has {sorted(info.signature_defs)}")

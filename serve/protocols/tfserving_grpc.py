@@ -180,7 +180,7 @@ class PredictionService(prediction_service_pb2_grpc.PredictionServiceServicer):
                 self.service.check_count(proto.tensor_shape.dim[0].size)
         inputs = {key: self._array(key, proto, specs) for key, proto in request.inputs.items()}
         alive(context)
-        answer = self.service.run(signature_name, inputs, name, version)
+        answer = self.service.run(signature_name, inputs, name, version, info=info)
         alive(context)
         response = predict_pb2.PredictResponse()
         response.model_spec.name = name

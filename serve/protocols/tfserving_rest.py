@@ -93,7 +93,7 @@ def predict(name, version=None, label=None):
     if row_format == ("inputs" in body):
         raise ServeError('send exactly one of "instances" (row format) or "inputs" (columnar format)')
     inputs = _parse_inputs(body["instances"] if row_format else body["inputs"], row_format, signature_def)
-    answer = service().run(signature_name, inputs, name, info.version if label is not None else version)
+    answer = service().run(signature_name, inputs, name, version, label, info=info)
     outputs = {key: _jsonable(key, np.asarray(value)) for key, value in answer.outputs.items()}
     if row_format:
         return jsonify(predictions=_rows(outputs))

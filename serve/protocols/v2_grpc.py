@@ -104,7 +104,7 @@ class GRPCInferenceService(grpc_predict_v2_pb2_grpc.GRPCInferenceServiceServicer
             pixels = read_input(payload, binary)
             wanted = requested_outputs(payload, info.outputs)
         alive(context)
-        answer = self.service.infer(pixels, name, version)  # names the version that answered, across a swap too
+        answer = self.service.infer(pixels, name, version, info=info)  # names the version that answered, across a swap too
         alive(context)
         tensors = output_tensors(answer.model, answer.outputs)
         response = pb.ModelInferResponse(model_name=name, model_version="" if answer.version is None else str(answer.version),

@@ -242,8 +242,13 @@ def test_the_answer_metrics_carry_the_version(app, pixels):
 
 
 # -- changing the file ---------------------------------------------------------------------------
-def test_moving_a_label_moves_the_traffic_without_a_failed_request(app, config_file, models, channel, pixels):
-    """Requests by label run in a loop, over REST and gRPC, while the file moves ``stable`` from 1 to 2, and back."""
+@pytest.mark.parametrize("moved", [
+    pytest.param({"labels": {"stable": 2, "canary": 2}}, id="to-a-loaded-version"),
+    # The new config drops 1 and 2 for 3: 3 is loaded first, then swapped in with the label, then 1 and 2 retire.
+    pytest.param({"versions": (3,), "labels": {"stable": 3}}, id="to-a-version-loaded-for-it"),
+])
+def test_moving_a_label_moves_the_traffic_without_a_failed_request(app, config_file, models, channel, pixels, moved):
+    """Requests by label run in a loop, over REST and gRPC, while the file moves ``stable`` from 1, and back."""
     stop, failures, seen = threading.Event(), [], []
 
     def load():
@@ -270,8 +275,8 @@ def test_moving_a_label_moves_the_traffic_without_a_failed_request(app, config_f
     worker.start()
     try:
         wait_for(1)
-        write_config(config_file, config_text(models, labels={"stable": 2, "canary": 2}))
-        wait_for(2)
+        write_config(config_file, config_text(models, **moved))
+        wait_for(moved["labels"]["stable"])
         write_config(config_file, config_text(models))
         wait_for(1)
     finally:
