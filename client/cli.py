@@ -8,6 +8,8 @@ Typical usage::
     client info --url http://models.internal:8000
     client predict cat.png --via tfserving-grpc --url localhost:8500 --model-name cifar10
     client predict cat.png --via v2 --url http://triton:8000     # the Open Inference Protocol (KServe v2)
+    client predict cat.png --via grpc --version-label canary     # this server's gRPC port, TF Serving's API
+    client predict cat.png --via v2-grpc --url localhost:8500 --version 2
 
 The client sends each file's bytes as they are; the server decodes and resizes them. Exit
 codes: 0 all classified, 1 some files failed, 2 usage errors (a missing or wrong API key too), 3 server
@@ -42,7 +44,12 @@ from contract.arguments import add_renamed, non_negative_int, positive_float, po
 DEFAULT_URL = "http://localhost:8000"
 #: Where each --via looks when no --url is given: TF Serving's own default ports; v2 on this server's
 #: (Triton's HTTP port is 8000 as well).
-DEFAULT_URLS = {"api": DEFAULT_URL, "tfserving-rest": "http://localhost:8501", "tfserving-grpc": "localhost:8500", "v2": DEFAULT_URL}
+#: gRPC (TF Serving's API or v2) on this server's GRPC_PORT, which is TF Serving's gRPC port too.
+DEFAULT_URLS = {"api": DEFAULT_URL, "tfserving-rest": "http://localhost:8501", "tfserving-grpc": "localhost:8500", "v2": DEFAULT_URL,
+                "grpc": "localhost:8500", "v2-grpc": "localhost:8500"}
+#: The transports that can name a version by number, and those that can name one by label.
+VERSIONED = ("tfserving-rest", "tfserving-grpc", "grpc", "v2", "v2-grpc")
+LABELLED = ("tfserving-rest", "tfserving-grpc", "grpc")
 URL_ENV = "CLIENT_URL"
 API_KEY_ENV = "CLIENT_API_KEY"
 DEFAULT_TIMEOUT_S = 30.0
@@ -72,7 +79,7 @@ def build_parser():
         "--url",
         default=os.environ.get(URL_ENV),
         help=f"server address (default ${URL_ENV}, else {DEFAULT_URL} for the API and v2, "
-        "localhost:8501 for TF Serving REST, localhost:8500 for TF Serving gRPC); redirects are not followed, "
+        "localhost:8501 for TF Serving REST, localhost:8500 for gRPC); redirects are not followed, "
         "to this host or another: the client stops and names where the server points",
     )
     common.add_argument(
@@ -93,8 +100,18 @@ def build_parser():
         "--via",
         choices=sorted(DEFAULT_URLS),
         default="api",
-        help="talk to this project's server (api, default), straight to TF Serving over REST or gRPC, "
-        "or over the Open Inference Protocol (v2: this server, Triton, KServe, MLServer)",
+        help="talk to this project's server (api, default; grpc: its gRPC port, TF Serving's gRPC API), straight to "
+        "TF Serving over REST or gRPC (tfserving-rest, tfserving-grpc), or over the Open Inference Protocol "
+        "(v2 over HTTP, v2-grpc: this server, Triton, KServe, MLServer)",
+    )
+    which = common.add_mutually_exclusive_group()
+    which.add_argument(
+        "--version", type=positive_int, default=None,
+        help="ask this version of the model by number (TF Serving's and v2's modes; default: the server's newest)",
+    )
+    which.add_argument(
+        "--version-label", metavar="LABEL", default=None,
+        help="ask the version a label names, e.g. stable or canary (TF Serving's REST and gRPC modes, grpc)",
     )
     add_renamed(
         common, "--model-name", "--model", default=contract.DEFAULT_MODEL_NAME,
@@ -103,8 +120,8 @@ def build_parser():
     common.add_argument(
         "--api-key",
         default=os.environ.get(API_KEY_ENV),
-        help=f"key for a server that needs one, sent as 'Authorization: Bearer KEY' over HTTP "
-        f"(default ${API_KEY_ENV}, which keeps it out of the process list)",
+        help=f"key for a server that needs one, sent as 'Authorization: Bearer KEY' over HTTP and as the "
+        f"'authorization' metadata over gRPC (default ${API_KEY_ENV}, which keeps it out of the process list)",
     )
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
@@ -131,17 +148,26 @@ def build_parser():
 
 
 
-def make_transport(via, url, model, timeout, retries=transports.DEFAULT_RETRIES, max_wait=transports.DEFAULT_MAX_WAIT_S):
+def make_transport(via, url, model, timeout, retries=transports.DEFAULT_RETRIES, max_wait=transports.DEFAULT_MAX_WAIT_S,
+                   version=None, label=None):
+    """The transport ``via`` names, to ``url`` (None: its default), asking ``version`` or ``label`` where it can."""
+    if version is not None and via not in VERSIONED:
+        raise UsageError(f"--via {via} answers with the server's newest version; --version needs one of {', '.join(VERSIONED)}")
+    if label is not None and via not in LABELLED:
+        raise UsageError(f"--via {via} cannot name a version by label (the Open Inference Protocol has none); "
+                         f"--version-label needs one of {', '.join(LABELLED)}")
     url = url or DEFAULT_URLS[via]
     retry = {"retries": retries, "max_wait_s": max_wait}
     if via == "api":
         return transports.ApiTransport(url, timeout, **retry)
     if via == "tfserving-rest":
-        return transports.TFServingRestTransport(url, model, timeout, **retry)
+        return transports.TFServingRestTransport(url, model, timeout, version=version, label=label, **retry)
     if via == "v2":
-        return transports.V2Transport(url, model, timeout, **retry)
+        return transports.V2Transport(url, model, timeout, version=version, **retry)
     target = url.split("://", 1)[-1].rstrip("/")  # gRPC wants host:port
-    return transports.TFServingGrpcTransport(target, model, timeout)
+    if via == "v2-grpc":
+        return transports.V2GrpcTransport(target, model, timeout, version=version)
+    return transports.TFServingGrpcTransport(target, model, timeout, version=version, label=label)
 
 
 def find_images(paths):
@@ -361,7 +387,8 @@ def main(argv=None):
         return exit.code if isinstance(exit.code, int) else EXIT_USAGE
     try:
         transport = transports.authorize(
-            make_transport(args.via, args.url, args.model_name, args.timeout, args.retries, args.max_wait), args.api_key
+            make_transport(args.via, args.url, args.model_name, args.timeout, args.retries, args.max_wait, args.version,
+                           args.version_label), args.api_key
         )
         return COMMANDS[args.command](args, transport)
     except UsageError as error:
@@ -371,8 +398,8 @@ def main(argv=None):
         say(error)
         return EXIT_UNREACHABLE
     except transports.RequestFailed as error:
-        if error.status == 401:
-            say(f"{error} (HTTP 401): give the key with ${API_KEY_ENV} or --api-key")
+        if error.status in (401, "UNAUTHENTICATED"):
+            say(f"{error} ({'HTTP 401' if error.status == 401 else error.status}): give the key with ${API_KEY_ENV} or --api-key")
             return EXIT_USAGE
         if error.status == 429:
             say(f"{error} (HTTP 429, still refused after {args.retries} retries)")

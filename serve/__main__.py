@@ -3,6 +3,7 @@
 Typical usage::
 
     python -m serve --model-dir models/cifar10 --host 127.0.0.1 --port 8000 --grpc-port 8500
+    python -m serve --model-config-file models.config   # several versions and labels, as TF Serving's config
     python -m serve --backend tfserving-rest --tfserving-rest-url http://127.0.0.1:8501
     python -m serve --check        # print the effective settings and exit (2: a bad value, named)
 
@@ -24,6 +25,8 @@ def main(argv=None):
     parser = argparse.ArgumentParser(prog="python -m serve", description=__doc__.split("\n\n")[0])
     parser.add_argument("--model-dir", help="model directory holding version folders N/ (sets MODEL_DIR)")
     parser.add_argument("--model-name", help="model name in URLs (sets MODEL_NAME; default cifar10)")
+    parser.add_argument("--model-config-file", help="TF Serving's model config file: the versions to serve and their "
+                        "labels, re-read when it changes (sets SERVE_MODEL_CONFIG_FILE; default: the newest version)")
     parser.add_argument("--host", help="address to listen on (sets HOST; default 0.0.0.0)")
     parser.add_argument("--port", type=int, help="port to listen on (sets PORT; default 8000)")
     parser.add_argument("--grpc-port", type=int, help="port of TF Serving's gRPC API, 0 for none (sets GRPC_PORT; default 8500)")
@@ -37,6 +40,7 @@ def main(argv=None):
     env = {
         "MODEL_DIR": args.model_dir and os.path.abspath(args.model_dir),
         "MODEL_NAME": args.model_name,
+        "SERVE_MODEL_CONFIG_FILE": args.model_config_file and os.path.abspath(args.model_config_file),
         "HOST": args.host,
         "PORT": args.port and str(args.port),
         "GRPC_PORT": None if args.grpc_port is None else str(args.grpc_port),

@@ -26,6 +26,8 @@ import uuid
 from flask import g, has_request_context, request
 
 HEADER = "X-Request-Id"
+#: The model version that answered the request, on every answer a model gave.
+VERSION_HEADER = "X-Model-Version"
 SANE_ID = re.compile(r"[A-Za-z0-9._:-]{1,128}")
 #: Fields every JSON line carries, in this order (the rest follow).
 JSON_FIELDS = "%(asctime)s %(levelname)s %(name)s %(message)s"
@@ -121,6 +123,8 @@ def init_app(app, log_format):
                 response.set_data(app.json.dumps(body))
         started = g.get("serve_log_started")
         answered = g.get("serve_answered") or (None, 0)
+        if answered[0] is not None:  # which version answered, on every protocol (TF Serving's REST body has no field for it)
+            response.headers[VERSION_HEADER] = str(answered[0])
         ACCESS.info("%s %s %s", request.method, request.path if request.url_rule is None else request.url_rule.rule,
                     response.status_code, extra={
                         "request_id": rid, "method": request.method,

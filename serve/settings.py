@@ -23,6 +23,7 @@ DEFAULT_RUNTIME = DEFAULT_SERVING_RUNTIME  # why: serve.backends.runtimes
 DEFAULT_TIMEOUT_S = 5.0
 DEFAULT_TFSERVING_MAX_BATCH = 128  # deploy/batching.config's max_batch_size
 DEFAULT_MODEL_POLL_S = 30.0
+DEFAULT_MODEL_CONFIG_POLL_S = 30.0  # TF Serving's --model_config_file_poll_wait_seconds defaults to 0 (read once)
 DEFAULT_MAX_BATCH = 32
 DEFAULT_MAX_IMAGES = 256
 DEFAULT_BATCH_WAIT_MS = 2.0
@@ -190,6 +191,9 @@ class Settings:
     tfserving_timeout_s: float = _var("TFSERVING_TIMEOUT_S", _number(None, 3600, above=0), DEFAULT_TIMEOUT_S)
     tfserving_max_batch: int = _var("TFSERVING_MAX_BATCH", _integer(0, 65536), DEFAULT_TFSERVING_MAX_BATCH)
     model_poll_s: float = _var("MODEL_POLL_S", _number(0, 86400), DEFAULT_MODEL_POLL_S)
+    # TF Serving's model config file (serve.model_config): versions, labels; it names the model and its path.
+    model_config_file: str = _var("SERVE_MODEL_CONFIG_FILE", _text, None)
+    model_config_poll_s: float = _var("SERVE_MODEL_CONFIG_POLL_S", _number(0, 86400), DEFAULT_MODEL_CONFIG_POLL_S)
     # What one request may ask for.
     max_batch: int = _var("SERVE_MAX_BATCH", _integer(1, 4096), DEFAULT_MAX_BATCH)
     max_images: int = _var("SERVE_MAX_IMAGES", _integer(1, 65536), DEFAULT_MAX_IMAGES)
@@ -234,6 +238,8 @@ class Settings:
     otlp_traces_protocol: str = _var("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL", _choice(*OTLP_PROTOCOLS), None)
 
     def __post_init__(self):
+        if self.model_config_file is not None:
+            self._take_model_config()
         if self.model_dir is None:
             object.__setattr__(self, "model_dir", os.path.join(self.model_base_path, self.model_name))
         if self.web_concurrency is None:
@@ -243,6 +249,20 @@ class Settings:
                 raise SettingsError(f"SERVE_BACKEND={backend} needs {_env(field)}")
         if self.grpc_port == self.port:
             raise SettingsError(f"GRPC_PORT={self.grpc_port}: must differ from PORT (HTTP), or be 0 for no gRPC")
+
+    def _take_model_config(self):
+        """The model's name and path from the config file, once it reads and its labels name published versions."""
+        from serve import model_config
+
+        if self.backend != "local":
+            raise SettingsError(f"SERVE_MODEL_CONFIG_FILE is read by the local backend only (SERVE_BACKEND={self.backend}: "
+                                "give the config file to that TF Serving)")
+        try:
+            config = model_config.check_published(model_config.read(self.model_config_file))
+        except model_config.ConfigError as e:
+            raise SettingsError(f"SERVE_MODEL_CONFIG_FILE={self.model_config_file!r}: {e}") from None
+        object.__setattr__(self, "model_name", config.name)
+        object.__setattr__(self, "model_dir", config.base_path)
 
     @classmethod
     def variables(cls):

@@ -1,7 +1,8 @@
-"""Four ways to reach a model: this project's HTTP API (:mod:`.api`), TF Serving's REST API
-(:mod:`.tfserving_rest`), TF Serving's gRPC API (:mod:`.tfserving_grpc`), and the Open Inference
-Protocol (KServe v2, :mod:`.v2`) that Triton, KServe, MLServer and this project's server speak;
-what they share is in :mod:`.common`.
+"""Five ways to reach a model: this project's HTTP API (:mod:`.api`), TF Serving's REST API
+(:mod:`.tfserving_rest`), TF Serving's gRPC API (:mod:`.tfserving_grpc`: TF Serving's own, or this
+project's server's gRPC port), and the Open Inference Protocol (KServe v2) over HTTP (:mod:`.v2`) and
+gRPC (:mod:`.v2_grpc`) that Triton, KServe, MLServer and this project's server speak; what they share
+is in :mod:`.common`, the HTTP session in :mod:`.http`, the gRPC channel in :mod:`.grpc_call`.
 
 Each transport has the same three calls: ``predict(batch, top_k)`` with ``batch`` a list of
 ``(filename, bytes)`` returns one result dict per image, in order (``label``, ``class_id``,
@@ -18,9 +19,10 @@ from client.transports.common import (DEFAULT_MAX_WAIT_S, DEFAULT_RETRIES, RETRY
 from client.transports.tfserving_grpc import TFServingGrpcTransport
 from client.transports.tfserving_rest import TFServingRestTransport
 from client.transports.v2 import V2Transport
+from client.transports.v2_grpc import V2GrpcTransport
 
 __all__ = [
     "DEFAULT_MAX_WAIT_S", "DEFAULT_RETRIES", "RETRY_STATUSES", "UNKNOWN_LABEL", "ApiTransport", "RequestFailed",
-    "TFServingGrpcTransport", "TFServingRestTransport", "Unreachable", "V2Transport", "authorize",
+    "TFServingGrpcTransport", "TFServingRestTransport", "Unreachable", "V2GrpcTransport", "V2Transport", "authorize",
     "top_k_from_probabilities",
 ]

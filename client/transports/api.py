@@ -1,7 +1,8 @@
 """This project's own JSON API: ``/api/v1/predict``, ``/readyz`` and ``/api/v1/model``."""
 
-from client.transports.common import (HttpTransport, Malformed, MalformedAnswer, RequestFailed, Unreachable, checked,
+from client.transports.common import (Malformed, MalformedAnswer, RequestFailed, Unreachable, checked,
                                       json_or_none, kind, parsing, reason, server_text, text_or_none)
+from client.transports.http import HttpTransport
 
 
 class ApiTransport(HttpTransport):

@@ -3,44 +3,35 @@
 import math
 
 import contract
-from client.transports.common import MAX_ANSWER_BYTES, Malformed, RequestFailed, Unreachable, parsing, tfs_result, with_bad
+from client.transports.common import Malformed, Unreachable, parsing, tfs_result, with_bad
+from client.transports.grpc_call import GrpcTransport
 
 #: The most classes an answer may rank per image (this project's models have 10).
 MAX_CLASSES = 100_000
 
 
-class TFServingGrpcTransport:
-    """TF Serving's gRPC ``PredictionService``/``ModelService``, through the vendored protos.
+class TFServingGrpcTransport(GrpcTransport):
+    """TF Serving's gRPC ``PredictionService``/``ModelService``, through the vendored protos: TF Serving's own, or
+    this project's server on its ``GRPC_PORT``, which speaks the same API.
 
-    Every call has gRPC's own deadline, ``timeout`` seconds for the whole call however slowly the
-    server answers; an answer over :data:`MAX_ANSWER_BYTES` is refused by gRPC itself."""
+    ``version`` (a number) or ``label`` (a version label) goes in every request's ``model_spec``."""
 
-    def __init__(self, target, model, timeout):
-        import grpc
-
+    def __init__(self, target, model, timeout, version=None, label=None):
         from tfs_protos.tensorflow_serving.apis import model_service_pb2_grpc, prediction_service_pb2_grpc
 
-        self._grpc = grpc
-        self.target = target
-        self.model = model
-        self.timeout = timeout
-        self.channel = grpc.insecure_channel(target, options=[("grpc.max_receive_message_length", MAX_ANSWER_BYTES)])
+        super().__init__(target, model, timeout, version)
+        self.label = label
         self.predictions = prediction_service_pb2_grpc.PredictionServiceStub(self.channel)
         self.models = model_service_pb2_grpc.ModelServiceStub(self.channel)
         self.names = {}
 
-    def _call(self, method, request):
-        try:
-            return method(request, timeout=self.timeout if math.isfinite(self.timeout) else None)
-        except self._grpc.RpcError as error:
-            code, details = error.code(), error.details()
-            if code == self._grpc.StatusCode.DEADLINE_EXCEEDED:
-                raise Unreachable(f"no whole answer from {self.target} within {self.timeout:g} s (--timeout); gave up") from error
-            if code == self._grpc.StatusCode.UNAVAILABLE:
-                raise Unreachable(f"cannot reach {self.target}: {code.name}") from error
-            if code == self._grpc.StatusCode.RESOURCE_EXHAUSTED:  # an answer over the cap, or a request over the server's
-                details = f"{details or code.name} (the client reads answers of at most {MAX_ANSWER_BYTES} bytes)"
-            raise RequestFailed(details or code.name, code.name) from error
+    def _spec(self, model_spec):
+        """Name the model, and the version or label asked for, in a request's ``model_spec``."""
+        model_spec.name = self.model
+        if self.version is not None:
+            model_spec.version.value = self.version
+        elif self.label is not None:
+            model_spec.version_label = self.label
 
     def predict(self, batch, top_k):
         from client import images
@@ -55,7 +46,7 @@ class TFServingGrpcTransport:
         from tfs_protos.tensorflow_serving.apis import predict_pb2
 
         request = predict_pb2.PredictRequest()
-        request.model_spec.name = self.model
+        self._spec(request.model_spec)
         request.model_spec.signature_name = contract.SIGNATURE_PIXELS
         request.inputs[contract.INPUT_PIXELS].CopyFrom(tensors.to_proto(pixels))
         outputs = self._call(self.predictions.Predict, request).outputs
@@ -92,7 +83,7 @@ class TFServingGrpcTransport:
         from tfs_protos.tensorflow_serving.apis import get_model_status_pb2
 
         request = get_model_status_pb2.GetModelStatusRequest()
-        request.model_spec.name = self.model
+        self._spec(request.model_spec)
         response = self._call(self.models.GetModelStatus, request)
         available = get_model_status_pb2.ModelVersionStatus.AVAILABLE
         versions = [s.version for s in response.model_version_status if s.state == available]
@@ -105,7 +96,7 @@ class TFServingGrpcTransport:
         from tfs_protos.tensorflow_serving.apis import get_model_metadata_pb2
 
         request = get_model_metadata_pb2.GetModelMetadataRequest()
-        request.model_spec.name = self.model
+        self._spec(request.model_spec)
         request.metadata_field.append("signature_def")
         response = self._call(self.predictions.GetModelMetadata, request)
         signature_map = get_model_metadata_pb2.SignatureDefMap()

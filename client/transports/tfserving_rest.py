@@ -1,22 +1,29 @@
 """TF Serving's REST API: ``/v1/models/NAME:predict``, its status and its ``/metadata``."""
 
 import json
+from urllib.parse import quote
 
 import contract
-from client.transports.common import (MAX_SERVER_TEXT, HttpTransport, Malformed, RequestFailed, Unreachable, field, kind,
+from client.transports.common import (MAX_SERVER_TEXT, Malformed, RequestFailed, Unreachable, field, kind,
                                       json_or_none, parsing, reason, text_or_none, tfs_result, whole, with_bad)
+from client.transports.http import HttpTransport
 
 
 class TFServingRestTransport(HttpTransport):
-    """TF Serving's REST API: images decoded here (:mod:`client.images`), uint8 pixels to ``serving_default``."""
+    """TF Serving's REST API: images decoded here (:mod:`client.images`), uint8 pixels to ``serving_default``.
 
-    def __init__(self, url, model, timeout, **retry):
+    ``version`` (a number) or ``label`` (a version label) is named in every path:
+    ``/v1/models/NAME/versions/N`` or ``/v1/models/NAME/labels/LABEL``."""
+
+    def __init__(self, url, model, timeout, version=None, label=None, **retry):
         super().__init__(url, timeout, **retry)
         self.model = model
         self.names = {}  # class id -> name, learned from the answers (TF Serving names only the top class)
+        self._which = (f"/versions/{int(version)}" if version is not None
+                       else f"/labels/{quote(label, safe='')}" if label is not None else "")
 
     def _source(self, path=""):
-        return f"{self.url}/v1/models/{self.model}{path}"
+        return f"{self.url}/v1/models/{quote(self.model, safe='')}{self._which}{path}"
 
     def _call(self, method, path, **kwargs):
         response = self._send(method, self._source(path), **kwargs)

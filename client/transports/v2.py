@@ -5,17 +5,21 @@ import struct
 from urllib.parse import quote
 
 import contract
-from client.transports.common import (UNKNOWN_LABEL, HttpTransport, Malformed, RequestFailed, Unreachable,
+from client.transports.common import (UNKNOWN_LABEL, Malformed, RequestFailed, Unreachable,
                                       checked, field, kind, number, parse_json, parsing, reason, text_or_none)
+from client.transports.http import HttpTransport
 
 
 class V2Transport(HttpTransport):
     """The Open Inference Protocol over HTTP: the files' bytes as a BYTES tensor in the binary tensor data
-    extension, the top k through the classification extension (``"<probability>:<class id>[:<label>]"``)."""
+    extension, the top k through the classification extension (``"<probability>:<class id>[:<label>]"``).
 
-    def __init__(self, url, model, timeout, **retry):
+    The protocol names versions by number only: it has no labels."""
+
+    def __init__(self, url, model, timeout, version=None, **retry):
         super().__init__(url, timeout, **retry)
         self.model = model
+        self.version = version  # named in every path (/v2/models/NAME/versions/N); None: the server's choice
         self._confidence = None  # the confidence outputs the model has, learned from its metadata
 
     def _call(self, method, path, **kwargs):
@@ -29,7 +33,8 @@ class V2Transport(HttpTransport):
         return response, body
 
     def _model_path(self):
-        return f"/models/{quote(self.model, safe='')}"
+        version = "" if self.version is None else f"/versions/{int(self.version)}"
+        return f"/models/{quote(self.model, safe='')}{version}"
 
     def predict(self, batch, top_k):
         tensor = b"".join(struct.pack("<I", len(data)) + data for _, data in batch)
@@ -81,7 +86,7 @@ class V2Transport(HttpTransport):
         data = field(output, "data", list, f"outputs[{contract.OUTPUT_PROBABILITIES!r}]")
         if len(data) != rows * k:
             raise Malformed(f"{len(data)} classifications for shape [{rows}, {k}]")
-        cells = [_classification(cell, f"classification {i}") for i, cell in enumerate(data)]
+        cells = [parse_classification(cell, f"classification {i}") for i, cell in enumerate(data)]
         extra = {}
         for o in outputs:
             if isinstance(o, dict) and o.get("name") in self.CONFIDENCE:
@@ -89,14 +94,7 @@ class V2Transport(HttpTransport):
                 if len(values) != rows:
                     raise Malformed(f"{len(values)} values of {o['name']!r} for {rows} images")
                 extra[o["name"]] = values
-        results = []
-        for row in range(rows):
-            ranked = cells[row * k : (row + 1) * k]
-            best = ranked[0]
-            score, inside = (extra.get(name, [None] * rows)[row] for name in self.CONFIDENCE)
-            results.append(checked({"label": best["label"], "class_id": best["class_id"], "probability": best["probability"],
-                                    "top_k": ranked, "ood_score": score, "in_distribution": inside}, f"image {row}"))
-        return results
+        return image_results(cells, rows, k, extra)
 
     #: The outputs that say how foreign an image looks, asked for when the model has them.
     CONFIDENCE = (contract.OUTPUT_OOD_SCORE, contract.OUTPUT_IN_DISTRIBUTION)
@@ -158,7 +156,19 @@ class V2Transport(HttpTransport):
             }
 
 
-def _classification(cell, path):
+def image_results(cells, rows, k, extra):
+    """One result per image: its ``k`` ranked classification cells and its ``extra`` confidence outputs (by name)."""
+    results = []
+    for row in range(rows):
+        ranked = cells[row * k : (row + 1) * k]
+        best = ranked[0]
+        score, inside = (extra.get(name, [None] * rows)[row] for name in V2Transport.CONFIDENCE)
+        results.append(checked({"label": best["label"], "class_id": best["class_id"], "probability": best["probability"],
+                                "top_k": ranked, "ood_score": score, "in_distribution": inside}, f"image {row}"))
+    return results
+
+
+def parse_classification(cell, path):
     """One classification-extension string ``"<value>:<index>[:<label>]"`` as ``{label, class_id, probability}``."""
     if not isinstance(cell, str) or cell.count(":") < 1:
         raise Malformed(f"{path} is {kind(cell)}, not \"<probability>:<class id>[:<label>]\"")

@@ -26,6 +26,7 @@ def from_settings(settings, metrics=None):
             on_batch=on_batch, on_load=metrics and metrics.model_loaded, on_skip=metrics and metrics.version_skipped,
             max_queue=settings.max_queue, timeout_s=settings.predict_timeout_s,
             on_waiting=metrics.queued.set if metrics is not None else None,
+            config_file=settings.model_config_file, config_poll_s=settings.model_config_poll_s,
         )
     remote = {"tfserving-rest": (TFServingRestBackend, settings.tfserving_rest_url),
               "tfserving-grpc": (TFServingGrpcBackend, settings.tfserving_grpc_target)}

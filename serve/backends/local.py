@@ -1,5 +1,10 @@
 """The exported model in this process: one of :mod:`serve.backends.runtimes` (LiteRT float32 or int8, or the
-SavedModel in TensorFlow), concurrent requests micro-batched, new versions picked up as they appear."""
+SavedModel in TensorFlow), concurrent requests micro-batched, new versions picked up as they appear.
+
+The versions loaded and their labels follow a :class:`serve.model_config.ModelConfig` (TF Serving's config
+file, else the newest version alone). New versions load in the background, then they and the labels are
+swapped in in one step before the versions no longer selected retire: a label moves without a failed request.
+"""
 
 import dataclasses
 import logging
@@ -9,7 +14,7 @@ import time
 
 from contract import OUTPUT_PROBABILITIES
 from contract.manifest import ManifestError
-from serve import published
+from serve import model_config, published
 from serve.backends import runtimes
 from serve.backends.batcher import Batcher, Overloaded
 from serve.core.errors import NotServed, ServeError, Shed
@@ -18,42 +23,51 @@ from serve.core.model import ModelInfo, Prediction, readiness_images
 RELOAD_INTERVAL_S = 5.0  # how often a backend that failed to load tries again
 RETIRE_AFTER_S = 30.0  # how long a replaced version keeps answering requests already sent to it
 RETRY_FIRST_S, RETRY_MAX_S = 5.0, 300.0  # a version that failed to load is tried again after 5 s, 10 s, ... 300 s
+#: A version's state as TF Serving's ModelService and ``GET /v1/models/NAME`` name it.
+LOADING, AVAILABLE, UNLOADING, END = "LOADING", "AVAILABLE", "UNLOADING", "END"
+
+log = logging.getLogger(__name__)
 
 
 class LocalBackend:
-    """The highest version under ``model_dir`` in one of :mod:`serve.backends.runtimes`, batched by a :class:`serve.backends.batcher.Batcher`.
+    """The versions under ``model_dir`` that ``config`` selects (default: the highest alone), in one of
+    :mod:`serve.backends.runtimes`, each batched by its own :class:`serve.backends.batcher.Batcher`.
 
-    ``on_load(runtime, version)`` is called each time a version starts answering, and
-    ``on_skip(runtime, version, reason)`` each time a version newer than the one served is passed
-    over (no model file for this runtime, export refused it, or it failed to load); the skipped
-    versions and why are in :attr:`skipped_versions` for ``/readyz`` and ``/api/v1/model``.
+    ``on_load(runtime, version)`` is called each time a version becomes the one a request without a
+    version gets (the newest loaded), and ``on_skip(runtime, version, reason)`` each time a version newer
+    than that one is passed over (no model file for this runtime, export refused it, or it failed to
+    load); the skipped versions and why are in :attr:`skipped_versions` for ``/readyz`` and ``/api/v1/model``.
+    ``config_file`` is read at start and again, every ``config_poll_s`` (> 0), when it changed.
     """
 
     kind = "local"
 
     def __init__(self, model_dir, name, runtime, *, max_batch, batch_wait_ms, poll_s, threads=None, on_batch=None,
-                 on_load=None, on_skip=None, max_queue=None, timeout_s=None, on_waiting=None):
+                 on_load=None, on_skip=None, max_queue=None, timeout_s=None, on_waiting=None, config_file=None,
+                 config_poll_s=0.0):
         self.model_dir = str(model_dir)
         self.name = name
         self.runtime = runtimes.check(runtime)
         self._threads = threads or None  # None: runtimes.default_threads()
-        self._on_load = on_load
-        self._on_skip = on_skip
+        self._on_load, self._on_skip = on_load, on_skip
         #: Versions newer than the served one that were passed over: ``{version: reason}``.
         self.skipped_versions = {}
         self._retry_at = {}  # version -> (monotonic time it may be tried again, failed loads so far)
         # Like TF Serving's file-system poll: a new version N+1/ replaces the served one.
         self._poll_s = float(poll_s)
         self._polled_at = time.monotonic()
-        self._swapping = threading.Lock()
-        self._max_batch = max_batch
-        self._wait_s = batch_wait_ms / 1000.0
-        self._on_batch = on_batch
+        self._config_file = None if config_file is None else model_config.Watched(config_file, config_poll_s)
+        self._config = model_config.newest(name, self.model_dir) if config_file is None else self._config_file.config
+        self.model_dir = self._config.base_path
+        self._states = {}  # version -> LOADING, AVAILABLE, UNLOADING or END, for the status routes
+        self._swapping, self._refreshing = threading.Lock(), threading.Lock()
+        self._max_batch, self._wait_s, self._on_batch = max_batch, batch_wait_ms / 1000.0, on_batch
         self._max_queue, self._timeout_s, self._on_waiting = max_queue, timeout_s, on_waiting
         self._lock = threading.Lock()
-        self._state = None  # a _Loaded once loaded
-        self._error = None
-        self._tried_at = None
+        self._served = None  # a _Served once loaded
+        self._infos = (None, {})  # (the _Served they describe, {version: ModelInfo}): see _refresh
+        self._retiring = {}  # version -> _Loaded: replaced, still answering what was already sent to it
+        self._error = self._tried_at = None
         # Load in the background: the worker answers /healthz and /readyz (503) meanwhile
         # instead of leaving connections hanging while the model loads.
         self._loader = threading.Thread(target=self._load_quietly, name="model-loader", daemon=True)
@@ -71,22 +85,22 @@ class LocalBackend:
 
     # -- loading -----------------------------------------------------------------------
     def _load(self, wait=True):
-        if self._state is not None:
-            self._poll_versions()
-            return self._state
+        served = self._served
+        if served is not None:
+            self._poll()
+            return served
         if not self._lock.acquire(blocking=wait):
             raise ServeError(f"the model in {self.model_dir} is still loading", 503)
         try:
-            if self._state is not None:
-                return self._state
+            if self._served is not None:
+                return self._served
             if self._tried_at is not None and time.monotonic() - self._tried_at < RELOAD_INTERVAL_S:
                 raise ServeError(self._error, 503)
             self._tried_at = time.monotonic()
             try:
-                self._state = self._load_unlocked()
+                self._publish(self._config, self._first_load(), dict(self._config.labels))
                 self._error = None
-                self._loaded(self._state)
-                return self._state
+                return self._served
             except ServeError as e:
                 self._error = str(e)
             except Exception as e:  # a broken SavedModel must not take the worker down
@@ -95,30 +109,72 @@ class LocalBackend:
         finally:
             self._lock.release()
 
-    def _poll_versions(self):
-        """Start loading a newer version in the background when one has appeared (at most every poll_s)."""
-        now = time.monotonic()
-        if self._poll_s <= 0 or now - self._polled_at < self._poll_s:
-            return
-        self._polled_at = now
+    def _first_load(self):
+        """Every version the config selects, loaded; a 503 saying why when there is none, or a label's is missing."""
         available = runtimes.versions(self.model_dir, self.runtime)
-        self._note_skipped(self._state.version, available)
-        newest = available[-1] if available else None
-        if newest is None or newest <= self._state.version or not self._due(newest, now):
+        if not available:
+            saved = published.versions(self.model_dir)
+            if saved:  # versions there are, but none this runtime can serve: say why
+                raise ServeError(runtimes.missing_reason(os.path.join(self.model_dir, str(saved[-1])), self.runtime), 503)
+            raise ServeError(f"no model versions (directories N/ with a saved_model.pb) under {self.model_dir}", 503)
+        wanted = self._config.select(available)
+        if not wanted:
+            raise ServeError(f"the model config selects none of the versions under {self.model_dir}", 503)
+        self._note_skipped(wanted[-1], available)
+        loaded = {}
+        try:
+            for version in wanted:
+                self._set_state(version, LOADING)
+                loaded[version] = self._load_version(version)
+            if (missing := self._config.unlabelled(loaded)) is not None:
+                raise ServeError(f"label {missing[0]!r} names version {missing[1]} of model {self.name}, which is not "
+                                 f"available (loaded: {', '.join(map(str, loaded))})", 503)
+        except Exception:
+            for state in loaded.values():
+                state.batcher.close()
+            for version in wanted:
+                self._set_state(version, None)
+            raise
+        return loaded
+
+    def _poll(self):
+        """Re-read the config, list the versions; when the loaded ones should change, start that in the background."""
+        now = time.monotonic()
+        if self._config_file is not None and (config := self._config_file.poll(now, self._config)) is not None:
+            self._config = config
+        served = self._served
+        if self._poll_s > 0 and now - self._polled_at >= self._poll_s:
+            self._polled_at = now
+        elif self._config is served.config:
             return
-        if self._state.info.architecture is not None and not os.path.exists(
-                published.manifest_path(os.path.join(self.model_dir, str(newest)))):
-            # Exported versions carry their manifest; one copied in by hand may show its model before
-            # its manifest. Wait for it rather than serve the version without confidence data for good.
-            logging.getLogger(__name__).info("version %s has no manifest yet; waiting for it", newest)
+        available = runtimes.versions(self.model_dir, self.runtime)
+        self._note_skipped(served.default, available)
+        config = self._config
+        wanted = config.select(self._candidates(available, served, now))
+        if not wanted or (config is served.config and wanted == tuple(sorted(served.loaded))):
             return
         if self._swapping.acquire(blocking=False):
-            threading.Thread(target=self._swap, args=(newest,), name="model-swap", daemon=True).start()
+            threading.Thread(target=self._reconcile, args=(config, wanted), name="model-swap", daemon=True).start()
+
+    def _candidates(self, available, served, now):
+        """Of the ``available`` versions, those loaded or that may be loaded now (not backing off, manifest there)."""
+        candidates = []
+        for version in available:
+            if version not in served.loaded:
+                if not self._due(version, now):
+                    continue
+                if (served.loaded[served.default].info.architecture is not None
+                        and not os.path.exists(published.manifest_path(os.path.join(self.model_dir, str(version))))):
+                    # Exported versions carry their manifest; one copied in by hand may show its model before
+                    # its manifest. Wait for it rather than serve the version without confidence data for good.
+                    log.info("version %s has no manifest yet; waiting for it", version)
+                    continue
+            candidates.append(version)
+        return candidates
 
     def _due(self, version, now):
         """Whether ``version`` may be loaded now: never failed, or its back-off has passed."""
-        retry_at, _ = self._retry_at.get(version, (0.0, 0))
-        return now >= retry_at
+        return now >= self._retry_at.get(version, (0.0, 0))[0]
 
     def _note_skipped(self, served, available):
         """Log, record and count each published version newer than ``served`` that this runtime cannot serve.
@@ -129,50 +185,94 @@ class LocalBackend:
         for version in list(self.skipped_versions):
             if version in available and version not in self._retry_at:
                 del self.skipped_versions[version]
+                self._refresh()
         for version in published.versions(self.model_dir):
             if version > served and version not in available and version not in self.skipped_versions:
                 self._skip(version, runtimes.missing_reason(os.path.join(self.model_dir, str(version)), self.runtime))
 
     def _skip(self, version, reason):
         self.skipped_versions[version] = reason
-        logging.getLogger(__name__).warning("skipping version %s: %s", version, reason)
-        if self._on_skip is not None:
-            try:
-                self._on_skip(self.runtime, version, reason)
-            except Exception:  # metrics must never stop a model from serving
-                logging.getLogger(__name__).exception("on_skip hook failed")
+        self._refresh()
+        log.warning("skipping version %s: %s", version, reason)
+        _hook(self._on_skip, self.runtime, version, reason)
 
-    def _swap(self, version):
+    def _reconcile(self, config, wanted):
+        """Load the versions of ``wanted`` not loaded, then swap in them and ``config``'s labels in one step."""
         try:
-            new_state = self._load_unlocked(version)
-        except Exception as e:  # keep serving the version we have, and try this one again after a back-off
+            served = self._served
+            loaded = {version: state for version, state in served.loaded.items() if version in wanted}
+            fresh = [version for version in wanted if version not in loaded]
+            for version in fresh:
+                state = self._try_load(version)
+                if state is not None:
+                    loaded[version] = state
+            missing = config.unlabelled(loaded)
+            if missing is not None or not loaded:
+                for version in fresh:
+                    if version in loaded:
+                        loaded[version].batcher.close()
+                    self._set_state(version, None)
+                if missing is not None:  # as TF Serving refuses such a config: keep the one before it
+                    log.error("model config refused: %s: Request to assign label %s to version %s of model %s, which is "
+                              "not currently available for inference; keeping the one read before", config.source,
+                              missing[0], missing[1], self.name)
+                    if self._config is config:  # (a newer one read meanwhile is tried at the next poll)
+                        self._config = served.config
+                return
+            self._publish(config, loaded, dict(config.labels))
+            for version, state in served.loaded.items():
+                if version not in loaded:
+                    self._retire(version, state)
+        finally:
+            self._swapping.release()
+
+    def _try_load(self, version):
+        """``version`` loaded, or None when it failed (then tried again after a back-off, and skipped meanwhile)."""
+        self._set_state(version, LOADING)
+        try:
+            state = self._load_version(version)
+        except Exception as e:  # keep serving the versions we have, and try this one again after a back-off
+            self._set_state(version, None)
             _, failures = self._retry_at.get(version, (0.0, 0))
             wait = min(RETRY_MAX_S, RETRY_FIRST_S * 2**failures)
             self._retry_at[version] = (time.monotonic() + wait, failures + 1)
             self._skip(version, f"failed to load: {type(e).__name__}: {e} (tried {failures + 1} times; again in {wait:g} s)")
-            return
-        finally:
-            self._swapping.release()
+            return None
         self._retry_at.pop(version, None)
-        self.skipped_versions.pop(version, None)
-        old_state, self._state = self._state, new_state
-        self._loaded(new_state)
-        logging.getLogger(__name__).info("now serving version %s (was %s)", version, old_state.version)
-        # Requests that already hold the old state finish on it; then its batcher thread ends.
-        retire = threading.Timer(RETIRE_AFTER_S, old_state.batcher.close)
+        if self.skipped_versions.pop(version, None) is not None:
+            self._refresh()
+        return state
+
+    def _publish(self, config, loaded, labels):
+        """Make ``loaded`` and ``labels`` what requests see, in one assignment."""
+        before = self._served
+        for version in loaded:
+            self._states[version] = AVAILABLE
+        self._served = _Served(config, dict(loaded), labels, max(loaded))
+        self._refresh()
+        if before is None or before.default != self._served.default:
+            if before is not None:
+                log.info("now serving version %s (was %s)", self._served.default, before.default)
+            _hook(self._on_load, self.runtime, self._served.default)
+
+    def _retire(self, version, state):
+        """Requests already sent to ``state`` (holding it, or its number resolved from a label) finish on it; then
+        its batcher thread ends. New requests cannot name it: it is no longer among the versions served."""
+        self._retiring[version] = state
+        self._set_state(version, UNLOADING)
+
+        def close():
+            if self._retiring.get(version) is state:
+                del self._retiring[version]
+            state.batcher.close()
+            if self._states.get(version) == UNLOADING:
+                self._set_state(version, END)
+
+        retire = threading.Timer(RETIRE_AFTER_S, close)
         retire.daemon = True  # never hold up a worker's shutdown
         retire.start()
 
-    def _load_unlocked(self, version=None):
-        available = runtimes.versions(self.model_dir, self.runtime)
-        if not available:
-            saved = published.versions(self.model_dir)
-            if saved:  # versions there are, but none this runtime can serve: say why
-                raise ServeError(runtimes.missing_reason(os.path.join(self.model_dir, str(saved[-1])), self.runtime), 503)
-            raise ServeError(f"no model versions (directories N/ with a saved_model.pb) under {self.model_dir}", 503)
-        if version is None:
-            version = available[-1]
-            self._note_skipped(version, available)
+    def _load_version(self, version):
         path = os.path.join(self.model_dir, str(version))
         try:
             served = published.manifest(path)  # first: a version whose manifest is refused is never loaded
@@ -184,33 +284,51 @@ class LocalBackend:
                           max_queue=self._max_queue, timeout_s=self._timeout_s, on_waiting=self._on_waiting)
         return _Loaded(version, model, batcher, info)
 
-    def _loaded(self, state):
-        if self._on_load is not None:
-            try:
-                self._on_load(self.runtime, state.version)
-            except Exception:  # metrics must never stop a model from serving
-                logging.getLogger(__name__).exception("on_load hook failed")
-
     @property
     def loaded(self):
         """Whether a version is loaded (until then ``ready()`` answers 503 without a model call)."""
-        return self._state is not None
+        return self._served is not None
 
     @property
     def batch_sizes(self):
-        """How many batches of each size the model ran (empty until loaded)."""
-        return self._state.batcher.batch_sizes if self._state else {}
+        """How many batches of each size the newest loaded version ran (empty until loaded)."""
+        served = self._served
+        return served.loaded[served.default].batcher.batch_sizes if served else {}
 
     # -- the interface (serve.core.model.Backend) ------------------------------------------
-    def info(self):
-        state = self._load()
-        if not self.skipped_versions:
-            return state.info
-        return dataclasses.replace(state.info, skipped_versions=dict(self.skipped_versions))
+    def info(self, version=None):
+        served = self._load()
+        state = self._version(served, version)
+        cached_for, infos = self._infos
+        info = infos.get(state.version) if cached_for is served else None
+        return info if info is not None else self._info_of(served, {state.version: state})[state.version]
+
+    def _info_of(self, served, states=None):
+        """Each version's info (default: every loaded one's) as requests see it: every version, the labels, the states."""
+        seen = {"versions": tuple(sorted(served.loaded)), "labels": served.labels, "states": dict(self._states),
+                "skipped_versions": dict(self.skipped_versions)}
+        return {version: dataclasses.replace(state.info, **seen) for version, state in (states or served.loaded).items()}
+
+    def _refresh(self):
+        """Build the infos :meth:`info` answers with again, after what they show changed (once, not per request)."""
+        with self._refreshing:  # one at a time, so an older view never overwrites a newer one
+            served = self._served
+            if served is not None:
+                self._infos = (served, self._info_of(served))
+
+    def _set_state(self, version, state):
+        """Record ``version``'s state (None: forget it) for the status routes."""
+        if state is None:
+            self._states.pop(version, None)
+        else:
+            self._states[version] = state
+        self._refresh()
 
     def infer(self, images, version=None):
-        state = self._load()  # one state for the whole call: the answer names the version that gave it
-        self._check_version(state, version)
+        served = self._load()  # one snapshot for the whole call: the answer names the version that gave it
+        return self._predict(self._version(served, version), images)
+
+    def _predict(self, state, images):
         if not len(images):
             return Prediction(state.version, {key: value.copy() for key, value in state.model.empty_outputs.items()})
         try:
@@ -223,34 +341,47 @@ class LocalBackend:
             raise ServeError(f"prediction failed: {type(e).__name__}: {e}", 500) from e
 
     def predict(self, images):
-        """``serving_default``'s outputs for uint8 pixels, by the newest version."""
-        return self.infer(images).outputs
+        return self.infer(images).outputs  # serving_default's outputs for uint8 pixels, by the newest version
 
     def run(self, signature_name, inputs, version=None):
-        state = self._load()
-        self._check_version(state, version)
+        state = self._version(self._load(), version)
         if signature_name not in state.info.signature_defs:
             raise ServeError(f"signature {signature_name!r} not found; this model has {sorted(state.info.signature_defs)}", 400)
         try:
-            return state.model.call(signature_name, inputs, self.predict)
+            return state.model.call(signature_name, inputs, lambda images: self._predict(state, images).outputs)
         except runtimes.InputError as e:
             raise ServeError(str(e), 400) from None
 
     def ready(self):
-        state = self._load(wait=False)
+        served = self._load(wait=False)
         outputs = self.predict(readiness_images())
         if outputs[OUTPUT_PROBABILITIES].shape[0] != 1:
             raise ServeError("the probe prediction returned the wrong batch size", 503)
-        return state.version
+        return served.default
 
     def close(self):
-        if self._state:
-            self._state.batcher.close()
+        if self._served:
+            for state in self._served.loaded.values():
+                state.batcher.close()
 
-    def _check_version(self, state, version):
-        if version is not None and int(version) != state.version:
-            raise NotServed(self.name, version, (state.version,),
-                            f"model {self.name!r} version {version} is not loaded (serving {state.version})")
+    def _version(self, served, version):
+        """The loaded ``version`` of ``served`` (None: the newest); :class:`NotServed` when it is not loaded."""
+        number = served.default if version is None else int(version)
+        state = served.loaded.get(number) or (self._retiring.get(number) if version is not None else None)
+        if state is None:
+            raise NotServed(self.name, version, tuple(sorted(served.loaded)),
+                            f"model {self.name!r} version {version} is not loaded "
+                            f"(available: {', '.join(map(str, sorted(served.loaded)))})")
+        return state
+
+
+def _hook(hook, *args):
+    """Call a metrics hook (None: none); its failure is logged, and never stops a model from serving."""
+    if hook is not None:
+        try:
+            hook(*args)
+        except Exception:
+            log.exception("%s hook failed", getattr(hook, "__name__", "a"))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -261,3 +392,13 @@ class _Loaded:
     model: object
     batcher: Batcher
     info: ModelInfo
+
+
+@dataclasses.dataclass(frozen=True)
+class _Served:
+    """What requests see, swapped in one assignment: the config, its loaded versions, their labels."""
+
+    config: model_config.ModelConfig
+    loaded: dict  # version -> _Loaded
+    labels: dict  # label -> version, each of them loaded
+    default: int  # the version a request without one gets: the newest loaded

@@ -5,6 +5,7 @@ With traces on (:mod:`serve.tracing`) every call to TF Serving is a client span 
 header over REST, ``traceparent`` metadata over gRPC.
 """
 
+import dataclasses
 import json
 import os
 import threading
@@ -14,7 +15,7 @@ import numpy as np
 
 from contract import INPUT_PIXELS, OUTPUT_CLASS_IDS, OUTPUT_CLASS_NAMES, OUTPUT_PROBABILITIES, SIGNATURE_PIXELS
 from serve import published, signatures, tracing
-from serve.core.errors import ServeError
+from serve.core.errors import NotServed, ServeError
 from serve.core.model import ModelInfo, Prediction, readiness_images
 from tfs_protos import tensors
 
@@ -51,7 +52,15 @@ class _RemoteBackend:
     def loaded(self):
         return True  # TF Serving loads the model; ready() asks it
 
-    def info(self):
+    def info(self, version=None):
+        info = self._info()
+        if version is None or int(version) == info.version:
+            return info
+        if int(version) not in info.versions:
+            raise NotServed(self.name, version, info.versions, f"model {self.name!r} has no version {version}")
+        return dataclasses.replace(info, version=int(version))
+
+    def _info(self):
         with self._lock:
             if self._meta is not None and time.monotonic() - self._meta_at < METADATA_TTL_S:
                 return self._meta

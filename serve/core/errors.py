@@ -33,6 +33,6 @@ class Shed(ServeError):
 class NotServed(ServeError):
     """A 404 for a model name or version this server does not serve; each protocol words it its own way."""
 
-    def __init__(self, name, version, versions, message):
+    def __init__(self, name, version, versions, message, label=None):
         super().__init__(message, 404)
-        self.name, self.version, self.versions = name, version, tuple(versions)
+        self.name, self.version, self.versions, self.label = name, version, tuple(versions), label

@@ -51,6 +51,11 @@ class ModelInfo:
     runtime: str | None = None  # the in-process runtime; None for TF Serving
     #: Versions newer than ``version`` that were passed over: ``{version: reason}``.
     skipped_versions: Mapping = dataclasses.field(default_factory=dict)
+    #: ``{label: version}``: the model config's version labels, each naming one of ``versions``.
+    labels: Mapping = dataclasses.field(default_factory=dict)
+    #: ``{version: state}`` of every version the backend knows, as TF Serving names the states
+    #: (``LOADING``, ``AVAILABLE``, ``UNLOADING``, ``END``); empty: every one of ``versions`` is ``AVAILABLE``.
+    states: Mapping = dataclasses.field(default_factory=dict)
 
     @classmethod
     def build(cls, name, version, signature_defs, manifest=None, **fields):
@@ -65,6 +70,11 @@ class ModelInfo:
             confidence=Confidence.from_manifest(manifest),
             **fields,
         )
+
+    def version_states(self):
+        """``[(version, state)]`` newest first, as TF Serving's status lists them."""
+        states = dict(self.states) or {version: "AVAILABLE" for version in self.versions}
+        return sorted(states.items(), reverse=True)
 
     @property
     def outputs(self):
@@ -114,8 +124,8 @@ class Backend(Protocol):
     def loaded(self) -> bool:
         """Whether a version is loaded (until then ``ready()`` answers 503 without a model call)."""
 
-    def info(self) -> ModelInfo:
-        """The version a request without one is answered by, and every version that may be named."""
+    def info(self, version: int | None = None) -> ModelInfo:
+        """``version``'s info (None: the version a request without one is answered by), listing every version that may be named."""
 
     def infer(self, images: np.ndarray, version: int | None = None) -> Prediction:
         """``serving_default`` on uint8 ``[N, 32, 32, 3]`` pixels, by ``version`` (None: the newest)."""

@@ -160,18 +160,37 @@ class InferenceService:
     def info(self) -> ModelInfo:
         return self.backend.info()
 
-    def model(self, name=None, version=None) -> ModelInfo:
-        """The served model's info once ``name`` (None: this server's) and ``version`` (None: any) are served.
+    def model(self, name=None, version=None, label=None) -> ModelInfo:
+        """The info of the version a request names, once ``name`` (None: this server's) serves it.
 
-        Raises :class:`NotServed` (a 404), which each protocol words its own way.
+        ``version`` (a number) or ``label`` (a version label of the model config) names the version;
+        neither, the newest. The info's ``version`` is the number a label resolves to. Raises
+        :class:`NotServed` (a 404), which each protocol words its own way.
         """
         if name is not None and name != self.model_name:
             raise NotServed(name, version, (), f"unknown model {name!r}; this server serves {self.model_name!r}")
         info = self.backend.info()
-        if version is not None and str(version) not in [str(v) for v in info.versions]:
+        if label is not None:
+            if version is not None:
+                raise ServeError(f"name a version ({version}) or a label ({label!r}), not both")
+            if label not in info.labels:
+                known = ", ".join(sorted(info.labels)) or "none"
+                raise NotServed(name, None, info.versions, f"model {self.model_name!r} has no version label {label!r} "
+                                f"(labels: {known})", label=label)
+            version = info.labels[label]
+        if version is None:
+            return info
+        if str(version) not in [str(v) for v in info.versions]:
             raise NotServed(name, version, info.versions, f"model {self.model_name!r} has no version {version!r} "
                             f"(available: {', '.join(str(v) for v in info.versions)})")
-        return info
+        return info if int(version) == info.version else self.backend.info(int(version))
+
+    def _route(self, name, version, label, info=None):
+        """``(info, version)``: the version a call runs on is the number a named ``version`` or ``label`` resolved
+        to, or None (the newest at the moment of the call, so a swap in between fails nothing)."""
+        if info is None:
+            info = self.model(name, version, label)
+        return info, (info.version if version is not None or label is not None else None)
 
     def ready(self):
         """The served version once a probe prediction succeeded; a 503 otherwise."""
@@ -210,14 +229,14 @@ class InferenceService:
                                  "this server decodes at most that many per request (SERVE_MAX_REQUEST_PIXELS)", 413)
 
     # -- prediction ----------------------------------------------------------------------
-    def classify(self, uploads, top_k=None, name=None, version=None) -> Classification:
+    def classify(self, uploads, top_k=None, name=None, version=None, label=None) -> Classification:
         """Decode ``uploads`` (a list of :class:`Upload`), classify the good ones and rank each answer.
 
         A bad image is a :class:`Refused` in its place and the rest are answered; raises
         :class:`ServeError` when the request itself cannot be (too many images, no model).
         """
         self.check_count(len(uploads))
-        info = self.model(name, version)
+        info, version = self._route(name, version, label)
         k = self.limits.top_k if top_k is None else top_k
         slots, good, pixels = [], [], []
         readable = [u.data for u in uploads if u.error is None]
@@ -247,11 +266,16 @@ class InferenceService:
             slots[index] = Answered(upload.filename, tuple(ranked[row]), scores[row], inside[row], fmt, upload.data)
         return Classification(info, answer.version, tuple(slots))
 
-    def infer(self, pixels, name=None, version=None, info=None) -> Inference:
-        """``serving_default`` on uint8 pixels ``[N, 32, 32, 3]``; every image counted once in the metrics."""
+    def infer(self, pixels, name=None, version=None, info=None, label=None) -> Inference:
+        """``serving_default`` on uint8 pixels ``[N, 32, 32, 3]``; every image counted once in the metrics.
+
+        ``info``: what :meth:`model` answered for this request's ``version`` or ``label``, when the caller asked already;
+        with it, the version it resolved to answers, though a new config has retired it since (the backend finishes
+        what was sent to a version before it retired).
+        """
         if info is None:
             self.check_count(len(pixels))
-            info = self.model(name, version)
+        info, version = self._route(name, version, label, info)
         try:
             prediction = self.backend.infer(pixels, None if version is None else int(version))
         except Shed as e:
@@ -261,13 +285,14 @@ class InferenceService:
         self._observe(prediction.version, prediction.outputs, len(pixels))
         return Inference(info, prediction.version, prediction.outputs)
 
-    def run(self, signature_name, inputs, name=None, version=None) -> Inference:
+    def run(self, signature_name, inputs, name=None, version=None, label=None, info=None) -> Inference:
         """Any signature of the model on ``{input key: array}``, as TF Serving's APIs call one.
 
         ``predict_images`` (encoded images) is decoded here and answered by ``serving_default``, so
         no user bytes reach a model; ``serving_default`` on pixels goes the way of :meth:`infer`.
+        ``info``: as for :meth:`infer` (a version a label named then runs even if the label moves meanwhile).
         """
-        info = self.model(name, version)
+        info, version = self._route(name, version, label, info)
         signature_def = info.signature_defs.get(signature_name)
         if signature_def is None:
             raise ServeError(f"signature {signature_name!r} not found; this model has {sorted(info.signature_defs)}")

@@ -61,6 +61,7 @@ def model():
         name=info.name,
         version=info.version,
         versions=list(info.versions),
+        labels=dict(info.labels),
         architecture=info.architecture,
         class_names=list(info.class_names) if info.class_names is not None else None,
         confidence=_confidence(info.confidence),

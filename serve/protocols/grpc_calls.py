@@ -17,7 +17,7 @@ import time
 import grpc
 
 from serve import logs, tracing
-from serve.protocols.tfserving_grpc import peer_address
+from serve.protocols.grpc_guard import peer_address
 
 #: The metadata key of the id, both ways (gRPC metadata keys are lower case).
 METADATA_KEY = "x-request-id"

@@ -12,8 +12,8 @@ Two services, as TF Serving serves them, plus the standard health service:
 
 Every call is translated to :class:`serve.core.service.InferenceService` the way
 :mod:`serve.protocols.tfserving_rest` translates TF Serving's REST calls (``model_spec.version``
-through ``model``/``run``; the answer's ``model_spec`` names the version that answered), so the two
-give the same numbers and every per-image metric moves alike. The guards are HTTP's (:class:`Guard`): the
+or ``version_label`` through ``model``/``run``; the answer's ``model_spec`` names the version that answered), so the two
+give the same numbers and every per-image metric moves alike. The guards are HTTP's (:class:`~serve.protocols.grpc_guard.Guard`): the
 API area's rate limit, one budget with HTTP's; the API keys of :mod:`serve.security` in the call's
 metadata (``authorization: Bearer KEY`` or ``x-api-key: KEY``), compared by the same function; the
 image cap and pixel budget of the core; the largest message
@@ -39,12 +39,10 @@ from concurrent import futures
 import grpc
 import numpy as np
 from google.protobuf import json_format
-from werkzeug.exceptions import TooManyRequests
 
-from contract import INPUT_BYTES, SIGNATURE_BYTES, SIGNATURE_PIXELS, TFSERVING_REST_PREFIX
-from serve import logs, signatures, tracing
+from contract import INPUT_BYTES, SIGNATURE_BYTES, SIGNATURE_PIXELS
+from serve import signatures, tracing
 from serve.core import NotServed, ServeError
-from serve.security import matches
 from tfs_protos import tensors
 from tfs_protos.grpc_health.v1 import health_pb2, health_pb2_grpc
 from tfs_protos.tensorflow.core.framework import types_pb2
@@ -72,8 +70,6 @@ CODES = {
     503: grpc.StatusCode.UNAVAILABLE,
     504: grpc.StatusCode.DEADLINE_EXCEEDED,
 }
-#: Methods that need no API key, like ``/healthz`` and ``/readyz``: a kubelet's probe sends none.
-OPEN_METHODS = ("/grpc.health.v1.Health/",)
 #: What the health service answers for: the whole server (""), and each service by name.
 HEALTH_SERVICES = ("", "tensorflow.serving.PredictionService", "tensorflow.serving.ModelService",
                    "inference.GRPCInferenceService")
@@ -131,15 +127,16 @@ def alive(context):
 
 
 def requested(model_spec):
-    """``(name, version)`` of a ``ModelSpec``; version None when it names none."""
-    if model_spec.WhichOneof("version_choice") == "version_label":
-        raise ServeError(f"model {model_spec.name!r} has no version labels (asked for {model_spec.version_label!r}); "
-                         "name a version, or none for the newest", 404)
-    return model_spec.name, model_spec.version.value if model_spec.HasField("version") else None
+    """``(name, version, label)`` of a ``ModelSpec``: the version it names by number or by label, or neither (None)."""
+    choice = model_spec.WhichOneof("version_choice")
+    return (model_spec.name, model_spec.version.value if choice == "version" else None,
+            model_spec.version_label if choice == "version_label" else None)
 
 
 def not_found(e, name, version):
     """A :class:`NotServed` in TF Serving's own words."""
+    if e.label is not None:
+        return Failure(grpc.StatusCode.NOT_FOUND, f"Unrecognized servable version label: {e.label} ({e})")
     which = f"Specific({name}, {version})" if version is not None else f"Latest({name})"
     return Failure(grpc.StatusCode.NOT_FOUND, f"Servable not found for request: {which} ({e})")
 
@@ -153,11 +150,13 @@ class PredictionService(prediction_service_pb2_grpc.PredictionServiceServicer):
         self.max_tensor_bytes = max_tensor_bytes
 
     def _model(self, model_spec):
-        name, version = requested(model_spec)
+        """``(name, version, info)``: version, the number the spec's version or label named (None: neither)."""
+        name, version, label = requested(model_spec)
         try:
-            return name, version, self.service.model(name, version)
+            info = self.service.model(name, version, label)
         except NotServed as e:
             raise not_found(e, name, version) from None
+        return name, info.version if version is not None or label is not None else None, info
 
     @_edge
     def Predict(self, request, context):
@@ -181,7 +180,7 @@ class PredictionService(prediction_service_pb2_grpc.PredictionServiceServicer):
                 self.service.check_count(proto.tensor_shape.dim[0].size)
         inputs = {key: self._array(key, proto, specs) for key, proto in request.inputs.items()}
         alive(context)
-        answer = self.service.run(signature_name, inputs, name, version)
+        answer = self.service.run(signature_name, inputs, name, version, info=info)
         alive(context)
         response = predict_pb2.PredictResponse()
         response.model_spec.name = name
@@ -284,23 +283,30 @@ class ModelService(model_service_pb2_grpc.ModelServiceServicer):
 
     @_edge
     def GetModelStatus(self, request, context):
-        name, version = requested(request.model_spec)
+        name, version, label = requested(request.model_spec)
         if name != self.service.model_name:
             raise Failure(grpc.StatusCode.NOT_FOUND, f"Could not find any versions of model {name}")
-        info = self.service.info()
-        if version is not None and version not in [int(v) for v in info.versions]:
-            raise Failure(grpc.StatusCode.NOT_FOUND, f"Could not find version {version} of model {name}")
+        try:
+            info = self.service.model(name, version, label)
+        except NotServed as e:
+            if e.label is not None:
+                raise not_found(e, name, version) from None
+            raise Failure(grpc.StatusCode.NOT_FOUND, f"Could not find version {version} of model {name}") from None
+        shown = info.version_states()  # newest first, as TF Serving
+        if version is not None or label is not None:
+            shown = [(info.version, "AVAILABLE")]
         response = get_model_status_pb2.GetModelStatusResponse()
-        for number in [version] if version is not None else sorted(info.versions, reverse=True):  # newest first, as TF Serving
+        for number, state in shown:
             entry = response.model_version_status.add()
             entry.version = int(number)
-            entry.state = get_model_status_pb2.ModelVersionStatus.AVAILABLE
+            entry.state = get_model_status_pb2.ModelVersionStatus.State.Value(state)
             entry.status.error_code = 0  # tensorflow.error.OK
         return response
 
     @_edge
     def HandleReloadConfigRequest(self, request, context):
-        raise Failure(grpc.StatusCode.UNIMPLEMENTED, "this server reads no model config; it serves the versions under MODEL_DIR")
+        raise Failure(grpc.StatusCode.UNIMPLEMENTED, "this server reads its model config from SERVE_MODEL_CONFIG_FILE, "
+                      "again whenever it changes; edit that file instead")
 
 
 class HealthService(health_pb2_grpc.HealthServicer):
@@ -345,109 +351,14 @@ class HealthService(health_pb2_grpc.HealthServicer):
             self._watches.release()
 
 
-class Guard(grpc.ServerInterceptor):
-    """HTTP's guards on every call but health's: the API area's rate limit, then the API keys of :mod:`serve.security`.
-
-    With a rate limit set (``SERVE_RATE_LIMIT_API`` or ``SERVE_RATE_LIMIT``), a call goes through the
-    app's own before-request hooks as a ``POST`` to TF Serving's REST predict route, carrying the
-    call's key and the caller's address: Flask-Limiter counts it in the same bucket and store as the
-    caller's HTTP requests (one budget for the ``api`` area, whatever the protocol), and the key is
-    checked by the same hook, in the same order (limit first, so key guessing is limited too).
-    Without one, the key is checked here with :func:`serve.security.matches`.
-    """
-
-    def __init__(self, app):
-        self.app = app
-        security = app.extensions["serve.security"]
-        self.keys = security.api_keys
-        self.metrics = security.metrics
-        self.limited = security.limiter is not None
-        self.path = f"{TFSERVING_REST_PREFIX}/{app.extensions['serve.service'].model_name}:predict"
-
-    def intercept_service(self, continuation, handler_call_details):
-        handler = continuation(handler_call_details)
-        if handler is None or handler_call_details.method.startswith(OPEN_METHODS) or handler.unary_unary is None:
-            return handler
-        if not self.keys and not self.limited:
-            return handler
-        metadata = handler_call_details.invocation_metadata
-        answer = handler.unary_unary
-
-        def guarded(request, context):
-            code, message = self._refusal(presented_key(metadata), context.peer())
-            if code is not None:
-                context.abort(code, message)
-            return answer(request, context)
-
-        return grpc.unary_unary_rpc_method_handler(
-            guarded, request_deserializer=handler.request_deserializer, response_serializer=handler.response_serializer)
-
-    def _refusal(self, key, peer):
-        """``(code, message)`` when the call may not go on, else ``(None, None)``."""
-        if self.limited:
-            return self._through_http_hooks(key, peer)
-        if key is not None and matches(key, self.keys):
-            return None, None
-        reason = "missing_key" if key is None else "wrong_key"
-        self.metrics.rejections.labels(reason, "api").inc()
-        return grpc.StatusCode.UNAUTHENTICATED, (
-            "this server needs an API key: send the metadata 'authorization: Bearer KEY' or 'x-api-key: KEY'"
-            if key is None else "the API key is not valid")
-
-    def _through_http_hooks(self, key, peer):
-        headers = {"X-API-Key": key} if key is not None else {}
-        headers[logs.HEADER] = logs.request_id() or ""  # the hooks' log lines name the call's id
-        with self.app.test_request_context(self.path, method="POST", headers=headers,
-                                           environ_base={"REMOTE_ADDR": peer_address(peer)}):
-            try:
-                response = self.app.preprocess_request()
-            except TooManyRequests as e:
-                self.metrics.rejections.labels("rate_limited", "api").inc()
-                return grpc.StatusCode.RESOURCE_EXHAUSTED, f"too many requests: the limit is {e.description}"
-            except Exception:
-                log.exception("the rate limit check failed")
-                return grpc.StatusCode.INTERNAL, "internal error: the rate limit check failed"
-        if response is None:
-            return None, None
-        body = response.get_json(silent=True) or {}
-        code = grpc.StatusCode.UNAUTHENTICATED if response.status_code == 401 else status_code(response.status_code)
-        message = body.get("error", "refused") if isinstance(body, dict) else "refused"
-        if code == grpc.StatusCode.UNAUTHENTICATED and message.startswith("this route needs"):
-            message = "this server needs an API key: send the metadata 'authorization: Bearer KEY' or 'x-api-key: KEY'"
-        return code, message
-
-
-def peer_address(peer):
-    """The address in gRPC's ``context.peer()`` (``ipv4:1.2.3.4:5678``, ``ipv6:[::1]:5678``), as HTTP's ``remote_addr``."""
-    kind, _, rest = (peer or "").partition(":")
-    if kind == "ipv6":
-        return rest.rpartition(":")[0].strip("[]") or "unknown"
-    if kind == "ipv4":
-        return rest.rpartition(":")[0] or "unknown"
-    return rest or "unknown"
-
-
-def presented_key(metadata):
-    """The key a call's metadata carries (``x-api-key``, else an ``authorization`` Bearer token), or None."""
-    values = {}
-    for key, value in metadata or ():
-        if isinstance(value, str):
-            values.setdefault(key.lower(), value.strip())
-    if values.get("x-api-key"):
-        return values["x-api-key"]
-    scheme, _, token = values.get("authorization", "").partition(" ")
-    if scheme.lower() == "bearer" and token.strip():
-        return token.strip()
-    return None
-
-
 def make_server(app, address, threads=16, reuse_port=True):
     """A gRPC server over ``app``'s service, keys and readiness, bound to ``address``; returns ``(server, port)``.
 
     ``reuse_port`` (gRPC's Linux default) lets every gunicorn worker bind the same port, the kernel
     handing each new connection to one of them. Raises ``RuntimeError`` when the address cannot be bound.
     """
-    from serve.protocols.grpc_calls import RequestIds  # here: it imports this module (peer_address)
+    from serve.protocols.grpc_calls import RequestIds  # here: it imports this module's neighbours
+    from serve.protocols.grpc_guard import Guard  # here: it imports this module (the status codes)
 
     settings = app.extensions["serve.settings"]
     service = app.extensions["serve.service"]

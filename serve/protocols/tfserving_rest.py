@@ -41,6 +41,8 @@ def _register_converter(state):
 @bp.errorhandler(ServeError)
 def _error(e):
     if isinstance(e, NotServed):  # TF Serving's own words
+        if e.label is not None:
+            return jsonify(error=f"Unrecognized servable version label: {e.label}"), 404
         which = f"Specific({e.name}, {e.version})" if e.version is not None else f"Latest({e.name})"
         return jsonify(error=f"Servable not found for request: {which}"), 404
     return json_error(e)
@@ -48,30 +50,36 @@ def _error(e):
 
 @bp.get("/<model:name>")
 @bp.get("/<model:name>/versions/<int:version>")
-def status(name, version=None):
-    info = service().model(name, version)
-    shown = [version] if version is not None else info.versions
+@bp.get("/<model:name>/labels/<model:label>")
+def status(name, version=None, label=None):
+    """Every version the server knows, newest first, with its state (one, when a version or label is named)."""
+    info = service().model(name, version, label)
+    shown = info.version_states()
+    if version is not None or label is not None:
+        shown = [(info.version, "AVAILABLE")]
     return jsonify(
         model_version_status=[
-            {"version": str(v), "state": "AVAILABLE", "status": {"error_code": "OK", "error_message": ""}} for v in shown
+            {"version": str(v), "state": state, "status": {"error_code": "OK", "error_message": ""}} for v, state in shown
         ]
     )
 
 
 @bp.get("/<model:name>/metadata")
 @bp.get("/<model:name>/versions/<int:version>/metadata")
-def metadata(name, version=None):
-    info = service().model(name, version)
+@bp.get("/<model:name>/labels/<model:label>/metadata")
+def metadata(name, version=None, label=None):
+    info = service().model(name, version, label)
     return jsonify(
-        model_spec={"name": name, "signature_name": "", "version": str(version if version is not None else info.version)},
+        model_spec={"name": name, "signature_name": "", "version": str(info.version)},
         metadata={"signature_def": {"signature_def": dict(info.signature_defs)}},
     )
 
 
 @bp.post("/<model:name>:predict")
 @bp.post("/<model:name>/versions/<int:version>:predict")
-def predict(name, version=None):
-    info = service().model(name, version)
+@bp.post("/<model:name>/labels/<model:label>:predict")
+def predict(name, version=None, label=None):
+    info = service().model(name, version, label)
     body = bodies.request_json(tensor=("instances", "inputs"))  # a batch of pixels straight into NumPy
     if not isinstance(body, dict):
         raise ServeError("the body must be a JSON object")
@@ -85,7 +93,7 @@ def predict(name, version=None):
     if row_format == ("inputs" in body):
         raise ServeError('send exactly one of "instances" (row format) or "inputs" (columnar format)')
     inputs = _parse_inputs(body["instances"] if row_format else body["inputs"], row_format, signature_def)
-    answer = service().run(signature_name, inputs, name, version)
+    answer = service().run(signature_name, inputs, name, version, label, info=info)
     outputs = {key: _jsonable(key, np.asarray(value)) for key, value in answer.outputs.items()}
     if row_format:
         return jsonify(predictions=_rows(outputs))

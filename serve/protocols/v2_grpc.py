@@ -4,7 +4,7 @@ against this server unchanged.
 
 ``ServerLive``, ``ServerReady``, ``ModelReady``, ``ServerMetadata``, ``ModelMetadata`` and ``ModelInfer``,
 on the ``grpc.server`` that :func:`serve.protocols.tfserving_grpc.make_server` starts in every worker
-(one ``GRPC_PORT`` for both gRPC APIs and health), behind the same :class:`~serve.protocols.tfserving_grpc.Guard`
+(one ``GRPC_PORT`` for both gRPC APIs and health), behind the same :class:`~serve.protocols.grpc_guard.Guard`
 (API keys in the metadata, the ``api`` area's rate limit shared with HTTP), the same receive limit and
 the same error edge (a :class:`~serve.core.errors.ServeError` leaves as its status code and message;
 deadlines and cancellation checked between the stages).
@@ -104,7 +104,7 @@ class GRPCInferenceService(grpc_predict_v2_pb2_grpc.GRPCInferenceServiceServicer
             pixels = read_input(payload, binary)
             wanted = requested_outputs(payload, info.outputs)
         alive(context)
-        answer = self.service.infer(pixels, name, version)  # names the version that answered, across a swap too
+        answer = self.service.infer(pixels, name, version, info=info)  # names the version that answered, across a swap too
         alive(context)
         tensors = output_tensors(answer.model, answer.outputs)
         response = pb.ModelInferResponse(model_name=name, model_version="" if answer.version is None else str(answer.version),

@@ -19,7 +19,7 @@ import pytest
 import contract
 import synthetic
 from client import cli
-from client.transports import common
+from client.transports import common, http
 
 HTTP_VIAS = ("api", "tfserving-rest", "v2")
 MODEL = contract.DEFAULT_MODEL_NAME
@@ -187,7 +187,7 @@ def test_health_and_info_have_the_deadline_too(command, serve, capsys):
 def test_each_retry_gets_its_own_deadline_and_the_waits_count_in_none(serve, image, capsys, monkeypatch):
     """A 429 asking for 2 s, with a 1 s deadline, is waited out, and the next try is answered."""
     slept = []
-    monkeypatch.setattr(common.time, "sleep", slept.append)
+    monkeypatch.setattr(http.time, "sleep", slept.append)
 
     def behaviour(handler, method, path):
         if len(handler.server.requests) == 1:

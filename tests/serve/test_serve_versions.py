@@ -28,7 +28,10 @@ def test_a_new_version_replaces_the_served_one(model_base, tmp_path):
             assert time.monotonic() < deadline, "version 2 was never picked up"
             time.sleep(0.2)
         status = client.get("/v1/models/cifar10").get_json()
-        assert [v["version"] for v in status["model_version_status"]] == ["2"]
+        # As TF Serving lists them: newest first, the replaced version on its way out.
+        states = [(v["version"], v["state"]) for v in status["model_version_status"]]
+        assert states[0] == ("2", "AVAILABLE") and states[1][0] == "1" and states[1][1] in ("UNLOADING", "END")
+        assert client.get("/v1/models/cifar10/versions/1").status_code == 404  # retired: no longer served
         answer = client.post("/api/v1/predict", json={"instances": [{"b64": _png_b64()}]})
         assert answer.status_code == 200 and answer.get_json()["model"]["version"] == 2
     finally:
