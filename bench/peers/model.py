@@ -78,10 +78,13 @@ def ensure_model(model_dir=None, log=print):
     models = os.path.join(CACHE, "models")
     model_dir = os.path.join(models, "cifar10")
     if os.path.isdir(model_dir):
+        from contract.manifest import ManifestError
+        from serve import published
+
         try:
-            version_dir(model_dir)
+            published.manifest(version_dir(model_dir))  # made by this code's export: its manifest format is read
             return model_dir
-        except SystemExit:
+        except (SystemExit, ManifestError):
             shutil.rmtree(model_dir)
     log("making the benchmark model: seed_cnn, 1 epoch on 400 synthetic images, exported (a minute or two)")
     data, run = os.path.join(CACHE, "data"), os.path.join(CACHE, "run")
@@ -92,7 +95,7 @@ def ensure_model(model_dir=None, log=print):
     steps = (
         ["-m", "train", "--model", "seed_cnn", "--data", data, "--output", run, "--epochs", "1",
          "--precision", "float32", "--tpu", "none", "--quiet"],
-        ["-m", "export", "--run", run, "--model-dir", models, "--name", "cifar10", "--quiet"],
+        ["-m", "export", "--run", run, "--model-dir", models, "--model-name", "cifar10", "--quiet"],
     )
     for argv in steps:
         subprocess.run([sys.executable, *argv], cwd=ROOT, env=env, check=True)
