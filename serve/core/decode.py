@@ -5,6 +5,7 @@ default, and Pillow's decompression-bomb warning is an error. Nothing touches th
 """
 
 import io
+import struct
 import warnings
 
 import numpy as np
@@ -18,6 +19,7 @@ from serve.core.errors import ServeError
 
 #: Pillow format names accepted; GIFs give their first frame.
 ALLOWED_FORMATS = ("PNG", "JPEG", "GIF", "BMP", "WEBP")
+_PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 # A bomb warning becomes an exception (filterwarnings is process-wide and idempotent; doing
 # it per request with catch_warnings would not be thread-safe).
 warnings.filterwarnings("error", category=Image.DecompressionBombWarning)
@@ -72,6 +74,9 @@ def declared_pixels(data):
             return width * height
         except ValueError:
             pass  # Pillow may still read the header, or say why not when it decodes
+    if data[:8] == _PNG_SIGNATURE and data[12:16] == b"IHDR" and len(data) >= 24:
+        width, height = struct.unpack(">II", data[16:24])  # what Pillow reads there, without its chunk walk
+        return width * height
     try:
         with Image.open(io.BytesIO(data), formats=ALLOWED_FORMATS) as image:  # reads the header only
             width, height = image.size

@@ -65,6 +65,10 @@ class Ranked:
     class_id: int
     probability: float
 
+    def public(self):
+        """As the JSON API shows it (``dataclasses.asdict`` deep-copies: a tenth of a 64-image answer's time)."""
+        return {"label": self.label, "class_id": self.class_id, "probability": self.probability}
+
 
 @dataclasses.dataclass(frozen=True)
 class Answered:
@@ -85,7 +89,7 @@ class Answered:
         """As the JSON API shows it."""
         best = self.top_k[0]
         return {"filename": self.filename, "label": best.label, "class_id": best.class_id, "probability": best.probability,
-                "top_k": [dataclasses.asdict(r) for r in self.top_k], "ood_score": self.ood_score,
+                "top_k": [r.public() for r in self.top_k], "ood_score": self.ood_score,
                 "in_distribution": self.in_distribution}
 
 

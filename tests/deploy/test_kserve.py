@@ -454,7 +454,7 @@ def exported_location(k8s):
     job = one(k8s["training/export"], "Job")
     c = job["spec"]["template"]["spec"]["containers"][0]
     args = build_parser().parse_args(c["args"])
-    return claim_path(job, c, os.path.join(args.model_dir, args.name)), args.name
+    return claim_path(job, c, os.path.join(args.model_dir, args.model_name)), args.model_name
 
 
 def test_storage_uri_is_where_the_export_job_writes_and_the_server_reads(rendered, k8s):

@@ -26,12 +26,27 @@ import pytest
 import requests
 from PIL import Image
 
+import model_configs
 import synthetic
 from live_server import access_messages, start_server, stop_server
 
 FORMATS = ("PNG", "JPEG", "GIF", "BMP", "WEBP")
 #: Values for the URL arguments of the routes found in the app.
-ROUTE_VALUES = {"name": "cifar10", "version": 1}
+#: What each route argument is filled with: the app below serves version 1 under the label "stable" too,
+#: so the label routes get as far as the body.
+ROUTE_VALUES = {"name": "cifar10", "version": 1, "label": "stable"}
+
+
+@pytest.fixture(scope="module")
+def app(model_base, tmp_path_factory):
+    """conftest's app (1 MiB upload limit), its one version also labelled ``stable`` (TF Serving's model config)."""
+    from serve import create_app
+
+    config = model_configs.labelled(tmp_path_factory.mktemp("config") / "models.config", "cifar10", model_base)
+    app = create_app({"TESTING": True, "MODEL_CONFIG_FILE": str(config), "MODEL_CONFIG_POLL_S": 0, "MAX_UPLOAD_MB": 1})
+    app.extensions["serve.backend"].wait_loaded()
+    yield app
+    app.extensions["serve.backend"].close()
 
 
 @pytest.fixture(scope="module")

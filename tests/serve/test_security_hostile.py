@@ -13,6 +13,8 @@ import inspect
 import pytest
 from _pytest.fixtures import FixtureFunctionDefinition
 
+import model_configs
+
 HOSTILE_MODULES = ("test_serve_api", "test_serve_uploads", "test_hostile")
 OWN_FIXTURES = ("app", "client")
 
@@ -40,13 +42,13 @@ KEY = "hostile-input-test-key"
 
 
 @pytest.fixture(scope="module")
-def app(model_base):
-    """conftest's app, with an API key required on the API and on the form."""
+def app(model_base, tmp_path_factory):
+    """test_hostile's app (version 1 also labelled ``stable``), with an API key required on the API and on the form."""
     from serve import create_app
 
-    app = create_app(
-        {"TESTING": True, "MODEL_DIR": str(model_base), "MODEL_NAME": "cifar10", "MAX_UPLOAD_MB": 1, "API_KEYS": KEY}
-    )
+    config = model_configs.labelled(tmp_path_factory.mktemp("config") / "models.config", "cifar10", model_base)
+    app = create_app({"TESTING": True, "MODEL_CONFIG_FILE": str(config), "MODEL_CONFIG_POLL_S": 0, "MAX_UPLOAD_MB": 1,
+                      "API_KEYS": KEY})
     app.extensions["serve.backend"].wait_loaded()
     yield app
     app.extensions["serve.backend"].close()
