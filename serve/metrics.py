@@ -32,6 +32,14 @@ class Metrics:
             "serve_request_duration_seconds", "Time to answer a request.", ["route", "method"], buckets=LATENCY_BUCKETS, **kw
         )
         self.requests = Counter("serve_requests", "Requests answered, by route and status.", ["route", "method", "status"], **kw)
+        # gRPC calls (serve/protocols/grpc_calls.py): the method is one the server registered (an unknown one never
+        # reaches the interceptor), the code one of gRPC's status names: both from fixed sets.
+        self.grpc_latency = Histogram(
+            "serve_grpc_request_duration_seconds", "Time to answer a gRPC call, by method.", ["method"],
+            buckets=LATENCY_BUCKETS, **kw,
+        )
+        self.grpc_requests = Counter("serve_grpc_requests", "gRPC calls answered, by method and status code.",
+                                     ["method", "code"], **kw)
         self.batch_size = Histogram("serve_batch_size", "Images per model call.", buckets=BATCH_BUCKETS, **kw)
         self.images = Counter("serve_images", "Images classified.", **kw)
         # 1 for the (runtime, version) each live worker serves; "livemax" forgets exited workers.

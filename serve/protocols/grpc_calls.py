@@ -5,11 +5,13 @@ metadata value when it is sane (HTTP's rule), else a new one. It goes back at on
 initial metadata (so a refusal carries it too), onto the call's span when traces are on, onto every
 log line written while the call runs, and into one ``serve.access`` line when the call ends: the id,
 the method, the status code's name, the model version and images answered, the duration and the
-caller's address.
+caller's address. With the app's metrics, every call is also counted by method and status code
+(``serve_grpc_requests_total``) and timed by method (``serve_grpc_request_duration_seconds``), as
+``serve_requests_total`` and ``serve_request_duration_seconds`` count and time HTTP requests.
 
 Typical usage (``tfserving_grpc.make_server`` puts it after the tracing interceptor, before the guard)::
 
-    grpc.server(pool, interceptors=[*tracing.grpc_interceptors(app), RequestIds(), Guard(app)])
+    grpc.server(pool, interceptors=[*tracing.grpc_interceptors(app), RequestIds(metrics), Guard(app)])
 """
 
 import time
@@ -24,7 +26,10 @@ METADATA_KEY = "x-request-id"
 
 
 class RequestIds(grpc.ServerInterceptor):
-    """An id for every unary call, sent back in the initial metadata and logged with the call's outcome."""
+    """An id for every unary call, sent back in the initial metadata and logged (and counted) with the call's outcome."""
+
+    def __init__(self, metrics=None):
+        self.metrics = metrics  # serve.metrics.Metrics, or None: not counted
 
     def intercept_service(self, continuation, handler_call_details):
         handler = continuation(handler_call_details)
@@ -48,7 +53,11 @@ class RequestIds(grpc.ServerInterceptor):
                 finally:
                     code = context.code()
                     status = code.name if code is not None else ("UNKNOWN" if failed else "OK")
-                    logs.log_call(state, method, status, time.perf_counter() - started, peer_address(context.peer()))
+                    taken = time.perf_counter() - started
+                    logs.log_call(state, method, status, taken, peer_address(context.peer()))
+                    if self.metrics is not None:
+                        self.metrics.grpc_requests.labels(method, status).inc()
+                        self.metrics.grpc_latency.labels(method).observe(taken)
 
         return grpc.unary_unary_rpc_method_handler(
             with_id, request_deserializer=handler.request_deserializer, response_serializer=handler.response_serializer)

@@ -365,7 +365,7 @@ def make_server(app, address, threads=16, reuse_port=True):
     server = grpc.server(
         futures.ThreadPoolExecutor(max_workers=threads, thread_name_prefix="grpc"),
         # The call's span (traces on), then its request id, then the guard: a refusal has both.
-        interceptors=[*tracing.grpc_interceptors(app), RequestIds(), Guard(app)],
+        interceptors=[*tracing.grpc_interceptors(app), RequestIds(app.extensions["serve.metrics"]), Guard(app)],
         options=[
             ("grpc.max_receive_message_length", settings.max_upload_bytes),
             ("grpc.so_reuseport", 1 if reuse_port else 0),

@@ -22,7 +22,8 @@ DEADLINE_S = 60
 
 
 @pytest.fixture(scope="module")
-def channel(model_base):
+def served(model_base):
+    """``(app, channel)``: the app with API keys on, and a channel to its gRPC server."""
     from serve import create_app
     from serve.protocols import tfserving_grpc
 
@@ -31,9 +32,14 @@ def channel(model_base):
     server, port = tfserving_grpc.make_server(app, "127.0.0.1:0", threads=4, reuse_port=False)
     server.start()
     with grpc.insecure_channel(f"127.0.0.1:{port}") as channel:
-        yield channel
+        yield app, channel
     server.stop(None).wait()
     app.extensions["serve.backend"].close()
+
+
+@pytest.fixture(scope="module")
+def channel(served):
+    return served[1]
 
 
 @pytest.fixture()
@@ -111,3 +117,35 @@ def test_v2_infer_and_health_calls_have_ids_too(channel, access_lines):
     assert lines["v2-1"]["route"] == "/inference.GRPCInferenceService/ModelInfer" and lines["v2-1"]["images"] == 1
     assert lines["probe-1"]["status"] == "OK"
     assert np.isfinite(lines["v2-1"]["duration_ms"])
+
+
+def _grpc_counts(app):
+    """``{(method, code): calls}`` from the app's ``serve_grpc_requests_total``, and the timed calls a method."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    counts, timed = {}, {}
+    body, _ = app.extensions["serve.metrics"].exposition()
+    for family in text_string_to_metric_families(body.decode()):
+        for sample in family.samples:
+            if sample.name == "serve_grpc_requests_total":
+                counts[sample.labels["method"], sample.labels["code"]] = sample.value
+            elif sample.name == "serve_grpc_request_duration_seconds_count":
+                timed[sample.labels["method"]] = sample.value
+    return counts, timed
+
+
+def test_every_call_is_counted_by_method_and_code_refusals_too(served):
+    app, channel = served
+    predict = "/tensorflow.serving.PredictionService/Predict"
+    before, timed_before = _grpc_counts(app)
+    stub = prediction_service_pb2_grpc.PredictionServiceStub(channel)
+    stub.Predict(_predict(), metadata=_metadata(), timeout=DEADLINE_S)
+    for request, metadata, code in ((_predict(name="no-such-model"), _metadata(), grpc.StatusCode.NOT_FOUND),
+                                    (_predict(), _metadata(key="wrong"), grpc.StatusCode.UNAUTHENTICATED)):
+        with pytest.raises(grpc.RpcError) as refused:
+            stub.Predict(request, metadata=metadata, timeout=DEADLINE_S)
+        assert refused.value.code() == code
+    after, timed_after = _grpc_counts(app)
+    for code in ("OK", "NOT_FOUND", "UNAUTHENTICATED"):
+        assert after[predict, code] - before.get((predict, code), 0) == 1, code
+    assert timed_after[predict] - timed_before.get(predict, 0) == 3
