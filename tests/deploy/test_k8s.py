@@ -32,7 +32,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from manifests import BIN, documents, env_of, kustomize_text, one, selects
+from manifests import BIN, documents, env_of, kustomize_text, one, selects, tfserving_probe_passes
 
 ROOT = Path(__file__).resolve().parents[2]
 K8S = ROOT / "deploy" / "k8s"
@@ -439,37 +439,12 @@ def test_front_end_reaches_tfserving_through_its_service(rendered):
 
 
 @pytest.mark.parametrize("state, ready", [("AVAILABLE", True), ("LOADING", False), (None, False)])
-def test_tfserving_readiness_waits_for_an_available_model(rendered, state, ready, tmp_path):
+def test_tfserving_readiness_waits_for_an_available_model(rendered, state, ready):
     """The readiness command, pointed at a loopback stand-in for TF Serving's REST port."""
-    import http.server
-    import threading
-
     tfs = container(one(rendered["overlays/tfserving"], "Deployment", "tfserving"), "tfserving")
     command = tfs["readinessProbe"]["exec"]["command"]
     rest = next(p["containerPort"] for p in tfs["ports"] if p["name"] == "rest")
-    assert command[:2] == ["bash", "-c"] and f"/dev/tcp/127.0.0.1/{rest}" in command[2]
-    assert f"/v1/models/{env_of(tfs)['MODEL_NAME']} " in command[2]
-    body = json.dumps({"model_version_status": [{"version": "1", "state": state, "status": {"error_code": "OK"}}]}).encode()
-
-    class Handler(http.server.BaseHTTPRequestHandler):
-        def do_GET(self):
-            found = state is not None and self.path == f"/v1/models/{env_of(tfs)['MODEL_NAME']}"
-            self.send_response(200 if found else 404)
-            self.end_headers()
-            self.wfile.write(body if found else b'{"error": "not found"}')
-
-        def log_message(self, *args):
-            pass
-
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    try:
-        script = command[2].replace(f"/dev/tcp/127.0.0.1/{rest}", f"/dev/tcp/127.0.0.1/{server.server_address[1]}")
-        result = subprocess.run(["bash", "-c", script], capture_output=True, timeout=10)
-    finally:
-        server.shutdown()
-        server.server_close()
-    assert (result.returncode == 0) == ready
+    assert tfserving_probe_passes(command, rest, env_of(tfs)["MODEL_NAME"], state) == ready
 
 
 # --- training Jobs against train/ and export/ ---------------------------------------------------

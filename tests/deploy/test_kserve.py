@@ -26,7 +26,6 @@ import hashlib
 import json
 import os
 import re
-import subprocess
 import tomllib
 from pathlib import Path
 from urllib.parse import urlsplit
@@ -34,7 +33,7 @@ from urllib.parse import urlsplit
 import pytest
 import yaml
 
-from manifests import env_of, kustomize, one, selects
+from manifests import env_of, kustomize, one, selects, tfserving_probe_passes
 
 ROOT = Path(__file__).resolve().parents[2]
 KSERVE = ROOT / "deploy" / "kserve"
@@ -567,35 +566,10 @@ def test_front_end_in_front_of_tfserving_is_deploy_k8s_with_another_backend(rend
 @pytest.mark.parametrize("state, ready", [("AVAILABLE", True), ("LOADING", False), (None, False)])
 def test_tfserving_readiness_waits_for_an_available_model(rendered, state, ready):
     """The readiness command, pointed at a loopback stand-in for TF Serving's REST port."""
-    import http.server
-    import threading
-
     service = isvc(rendered, "tfserving")
     command = service["spec"]["predictor"]["model"]["readinessProbe"]["exec"]["command"]
     rest, name = runtime_flags()["rest_api_port"], service["metadata"]["name"]
-    assert command[:2] == ["bash", "-c"] and f"/dev/tcp/127.0.0.1/{rest}" in command[2]
-    assert f"/v1/models/{name} " in command[2]
-    body = json.dumps({"model_version_status": [{"version": "1", "state": state, "status": {"error_code": "OK"}}]}).encode()
-
-    class Handler(http.server.BaseHTTPRequestHandler):
-        def do_GET(self):
-            found = state is not None and self.path == f"/v1/models/{name}"
-            self.send_response(200 if found else 404)
-            self.end_headers()
-            self.wfile.write(body if found else b'{"error": "not found"}')
-
-        def log_message(self, *args):
-            pass
-
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    try:
-        script = command[2].replace(f"/dev/tcp/127.0.0.1/{rest}", f"/dev/tcp/127.0.0.1/{server.server_address[1]}")
-        result = subprocess.run(["bash", "-c", script], capture_output=True, timeout=10)
-    finally:
-        server.shutdown()
-        server.server_close()
-    assert (result.returncode == 0) == ready
+    assert tfserving_probe_passes(command, rest, name, state) == ready
 
 
 # --- scaling and disruption against deploy/k8s ----------------------------------------------------

@@ -51,3 +51,34 @@ def env_of(container):
 def selects(selector, labels):
     """Whether a label selector (``matchLabels``-style mapping) picks ``labels``."""
     return bool(selector) and all(labels.get(k) == v for k, v in selector.items())
+
+
+def tfserving_probe_passes(command, rest_port, model_name, state):
+    """Whether TF Serving's readiness ``command`` (``["bash", "-c", script]`` reading ``/dev/tcp/127.0.0.1/REST``)
+    passes against a loopback stand-in whose ``GET /v1/models/MODEL_NAME`` reports ``state`` (None: a 404)."""
+    import http.server
+    import json
+    import threading
+
+    assert command[:2] == ["bash", "-c"] and f"/dev/tcp/127.0.0.1/{rest_port}" in command[2]
+    assert f"/v1/models/{model_name} " in command[2]
+    body = json.dumps({"model_version_status": [{"version": "1", "state": state, "status": {"error_code": "OK"}}]}).encode()
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):
+            found = state is not None and self.path == f"/v1/models/{model_name}"
+            self.send_response(200 if found else 404)
+            self.end_headers()
+            self.wfile.write(body if found else b'{"error": "not found"}')
+
+        def log_message(self, *args):
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        script = command[2].replace(f"/dev/tcp/127.0.0.1/{rest_port}", f"/dev/tcp/127.0.0.1/{server.server_address[1]}")
+        return subprocess.run(["bash", "-c", script], capture_output=True, timeout=10).returncode == 0
+    finally:
+        server.shutdown()
+        server.server_close()
