@@ -9,6 +9,7 @@ import threading
 
 import pytest
 
+import grpc_servers
 import synthetic
 from client import cli
 
@@ -47,16 +48,12 @@ def urls(app):
     """``{via: address}`` of the app served over HTTP (a thread) and gRPC (its server, as each worker starts it)."""
     from werkzeug.serving import make_server
 
-    from serve.protocols import tfserving_grpc
-
     http = make_server("127.0.0.1", 0, app, threaded=True)
     thread = threading.Thread(target=http.serve_forever, daemon=True)
     thread.start()
-    grpc_server, port = tfserving_grpc.make_server(app, "127.0.0.1:0", threads=8, reuse_port=False)
-    grpc_server.start()
-    url, target = f"http://127.0.0.1:{http.server_port}", f"127.0.0.1:{port}"
-    yield {"api": url, "tfserving-rest": url, "v2": url, "grpc": target, "tfserving-grpc": target, "v2-grpc": target}
-    grpc_server.stop(None).wait()
+    url = f"http://127.0.0.1:{http.server_port}"
+    with grpc_servers.serving(app) as target:
+        yield {"api": url, "tfserving-rest": url, "v2": url, "grpc": target, "tfserving-grpc": target, "v2-grpc": target}
     http.shutdown()
     thread.join()
 

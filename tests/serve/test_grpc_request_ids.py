@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 import contract
+import grpc_servers
 import synthetic
 from tfs_protos import tensors
 from tfs_protos.grpc_health.v1 import health_pb2, health_pb2_grpc
@@ -25,15 +26,11 @@ DEADLINE_S = 60
 def served(model_base):
     """``(app, channel)``: the app with API keys on, and a channel to its gRPC server."""
     from serve import create_app
-    from serve.protocols import tfserving_grpc
 
     app = create_app({"TESTING": True, "MODEL_DIR": str(model_base), "MODEL_NAME": "cifar10", "API_KEYS": KEY})
     app.extensions["serve.backend"].wait_loaded()
-    server, port = tfserving_grpc.make_server(app, "127.0.0.1:0", threads=4, reuse_port=False)
-    server.start()
-    with grpc.insecure_channel(f"127.0.0.1:{port}") as channel:
+    with grpc_servers.serving(app, threads=4) as target, grpc.insecure_channel(target) as channel:
         yield app, channel
-    server.stop(None).wait()
     app.extensions["serve.backend"].close()
 
 

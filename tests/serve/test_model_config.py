@@ -18,6 +18,7 @@ import tritonclient.grpc as triton
 from tritonclient.utils import InferenceServerException
 
 import contract
+import grpc_servers
 import synthetic
 from tensorflow_serving.apis import (get_model_status_pb2, model_service_pb2_grpc, predict_pb2,  # TF Serving's own stubs
                                      prediction_service_pb2_grpc)
@@ -73,12 +74,8 @@ def app(config_file):
 
 @pytest.fixture(scope="module")
 def target(app):
-    from serve.protocols import tfserving_grpc
-
-    server, port = tfserving_grpc.make_server(app, "127.0.0.1:0", threads=8, reuse_port=False)
-    server.start()
-    yield f"127.0.0.1:{port}"
-    server.stop(None).wait()
+    with grpc_servers.serving(app) as target:
+        yield target
 
 
 @pytest.fixture(scope="module")

@@ -11,6 +11,7 @@ from tritonclient.grpc import service_pb2, service_pb2_grpc
 from tritonclient.utils import InferenceServerException
 
 import contract
+import grpc_servers
 import synthetic
 from tfs_protos import tensors
 from tfs_protos.grpc_health.v1 import health_pb2, health_pb2_grpc
@@ -38,12 +39,8 @@ def app(model_base):
 
 @pytest.fixture(scope="module")
 def target(app):
-    from serve.protocols import tfserving_grpc
-
-    server, port = tfserving_grpc.make_server(app, "127.0.0.1:0", threads=8, reuse_port=False)
-    server.start()
-    yield f"127.0.0.1:{port}"
-    server.stop(None).wait()
+    with grpc_servers.serving(app) as target:
+        yield target
 
 
 @pytest.fixture(scope="module")
