@@ -35,10 +35,9 @@ import json
 import os
 import shutil
 import sys
-import unicodedata
 
 import contract
-from client import transports
+from client import output, transports
 from contract.arguments import add_renamed, non_negative_int, positive_float, positive_int
 
 DEFAULT_URL = "http://localhost:8000"
@@ -257,47 +256,6 @@ def classify(transport, files, batch_size, top_k, progress):
         yield from zip(names, results)
 
 
-_ESCAPED_CATEGORIES = {"Cc", "Cf", "Cs", "Zl", "Zp"}
-
-
-def printable(value):
-    """``value`` as text with every control character (C0, DEL, C1: ESC among them), format character
-    (bidirectional overrides, zero-width marks), line or paragraph separator and lone surrogate written
-    as an escape (``\\x1b``, ``\\u202e``): what a server says can neither drive the terminal (move the
-    cursor, recolour, retitle) nor reorder or split the line it is printed on."""
-    text = value if isinstance(value, str) else str(value)
-    if text.isprintable():
-        return text
-    return "".join(_escape(ch) if unicodedata.category(ch) in _ESCAPED_CATEGORIES else ch for ch in text)
-
-
-def _escape(ch):
-    code = ord(ch)
-    return f"\\x{code:02x}" if code < 0x100 else f"\\u{code:04x}" if code < 0x10000 else f"\\U{code:08x}"
-
-
-def say(message):
-    """One line on stderr, ``client: message``, escaped."""
-    print(f"client: {printable(message)}", file=sys.stderr)
-
-
-def _format_top_k(entries):
-    return ", ".join(f"{_label(e)} {e['probability']:.3f}" for e in entries)
-
-
-def _label(entry):
-    label = entry.get("label")
-    return printable(label) if label is not None else f"#{entry.get('class_id')}"
-
-
-def _verdict(result):
-    """The IN-DISTRIBUTION cell: yes, or no with the score, or ? where the model has no threshold."""
-    inside, score = result.get("in_distribution"), result.get("ood_score")
-    if inside is None:
-        return "?" if score is None else f"? (score {score:.2f})"
-    return "yes" if inside else f"NO (score {score:.2f})"
-
-
 def run_predict(args, transport):
     files = find_images(args.paths)
     screen = shutil.get_terminal_size().lines
@@ -309,7 +267,7 @@ def run_predict(args, transport):
         if "error" in result:
             failures += 1
             status = f" (HTTP {result['status']})" if isinstance(result.get("status"), int) else (f" ({result['status']})" if result.get("status") else "")
-            say(f"{name}: {result['error']}{status}")
+            output.say(f"{name}: {result['error']}{status}")
             if args.json:
                 print(json.dumps({"file": name, "error": result["error"], "status": result.get("status")}), flush=True)
             continue
@@ -317,18 +275,18 @@ def run_predict(args, transport):
         if args.json:
             print(json.dumps({"file": name, **result}), flush=True)
         else:
-            rows.append((printable(name), _label(result), f"{result['probability']:.3f}", _verdict(result),
-                         _format_top_k(result.get("top_k", []))))
+            rows.append((output.printable(name), output.label(result), f"{result['probability']:.3f}", output.verdict(result),
+                         output.format_top_k(result.get("top_k", []))))
     if not args.json and rows:
         header = ("FILE", "LABEL", "PROBABILITY", "IN-DISTRIBUTION", f"TOP-{args.top_k}")
         widths = [max(len(r[i]) for r in [header, *rows]) for i in range(4)]
         for row in [header, *rows]:
             print("  ".join(cell.ljust(w) for cell, w in zip(row, widths)) + "  " + row[4])
     if failures:
-        say(f"{failures} of {len(files)} files failed")
+        output.say(f"{failures} of {len(files)} files failed")
         return EXIT_FAILED
     if foreign and args.fail_on_ood:
-        say(f"{foreign} of {len(files)} images look like none of the classes (in_distribution: false)")
+        output.say(f"{foreign} of {len(files)} images look like none of the classes (in_distribution: false)")
         return EXIT_OUT_OF_DISTRIBUTION
     return EXIT_OK
 
@@ -344,35 +302,26 @@ def run_info(args, transport):
     if args.json:
         print(json.dumps(info, indent=2, sort_keys=True))
         return EXIT_OK
-    print(f"model:        {_text(info.get('name'))}")
-    print(f"version:      {_text(info.get('version'))}")
+    print(f"model:        {output.text(info.get('name'))}")
+    print(f"version:      {output.text(info.get('version'))}")
     if info.get("architecture"):
-        print(f"architecture: {_text(info['architecture'])}")
+        print(f"architecture: {output.text(info['architecture'])}")
     classes = info.get("class_names")
     if isinstance(classes, list) and classes:
-        classes = ", ".join(map(_text, classes))
-    print(f"classes:      {_text(classes) if classes else '(not reported by this server)'}")
+        classes = ", ".join(map(output.text, classes))
+    print(f"classes:      {output.text(classes) if classes else '(not reported by this server)'}")
     print("signatures:")
     signatures = info.get("signatures") or {}
     for name, signature in sorted(signatures.items()) if isinstance(signatures, dict) else [("?", signatures)]:
         if isinstance(signature, dict) and ("inputs" in signature or "outputs" in signature):
-            ins = ", ".join(_names(signature.get("inputs")))
-            outs = ", ".join(_names(signature.get("outputs")))
-            print(f"  {_text(name)}: ({ins}) -> ({outs})")
+            ins = ", ".join(output.names(signature.get("inputs")))
+            outs = ", ".join(output.names(signature.get("outputs")))
+            print(f"  {output.text(name)}: ({ins}) -> ({outs})")
         else:
-            print(f"  {_text(name)}: {json.dumps(signature, sort_keys=True)}")
+            print(f"  {output.text(name)}: {json.dumps(signature, sort_keys=True)}")
     if info.get("backend"):
-        print(f"backend:      {_text(info['backend'])}")
+        print(f"backend:      {output.text(info['backend'])}")
     return EXIT_OK
-
-
-def _text(value):
-    """A value from the server as one escaped line: strings as they are, lists and objects as JSON."""
-    return printable(json.dumps(value, sort_keys=True) if isinstance(value, (dict, list)) else value)
-
-
-def _names(value):
-    return sorted(map(_text, value)) if isinstance(value, (dict, list)) else [_text(value)]
 
 
 COMMANDS = {"predict": run_predict, "health": run_health, "info": run_info}
@@ -392,22 +341,22 @@ def main(argv=None):
         )
         return COMMANDS[args.command](args, transport)
     except UsageError as error:
-        say(error)
+        output.say(error)
         return EXIT_USAGE
     except transports.Unreachable as error:
-        say(error)
+        output.say(error)
         return EXIT_UNREACHABLE
     except transports.RequestFailed as error:
         if error.status in (401, "UNAUTHENTICATED"):
-            say(f"{error} ({'HTTP 401' if error.status == 401 else error.status}): give the key with ${API_KEY_ENV} or --api-key")
+            output.say(f"{error} ({'HTTP 401' if error.status == 401 else error.status}): give the key with ${API_KEY_ENV} or --api-key")
             return EXIT_USAGE
         if error.status == 429:
-            say(f"{error} (HTTP 429, still refused after {args.retries} retries)")
+            output.say(f"{error} (HTTP 429, still refused after {args.retries} retries)")
             return EXIT_FAILED
-        say(error)
+        output.say(error)
         return EXIT_FAILED
     except OSError as error:
-        say(f"{error.filename or ''}: {error.strerror or error}")
+        output.say(f"{error.filename or ''}: {error.strerror or error}")
         return EXIT_USAGE
     except KeyboardInterrupt:
         return 130

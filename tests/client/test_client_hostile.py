@@ -18,7 +18,7 @@ import pytest
 
 import contract
 import synthetic
-from client import cli
+from client import cli, output
 from client.transports import common, http
 
 HTTP_VIAS = ("api", "tfserving-rest", "v2")
@@ -435,10 +435,10 @@ def test_model_description_is_printed_escaped(serve, capsys):
 
 
 def test_printable_escapes_c0_c1_format_characters_separators_and_surrogates():
-    assert cli.printable("plain text, accents: é ß 猫") == "plain text, accents: é ß 猫"
-    assert cli.printable("\x00\t\x1b\x7f\x85\x9b") == "\\x00\\x09\\x1b\\x7f\\x85\\x9b"
-    assert cli.printable("\u200b\u202e\u2028\u2029\ufeff\ud800") == "\\u200b\\u202e\\u2028\\u2029\\ufeff\\ud800"
-    assert cli.printable("\U000e0001") == "\\U000e0001"  # a tag character (format)
+    assert output.printable("plain text, accents: é ß 猫") == "plain text, accents: é ß 猫"
+    assert output.printable("\x00\t\x1b\x7f\x85\x9b") == "\\x00\\x09\\x1b\\x7f\\x85\\x9b"
+    assert output.printable("\u200b\u202e\u2028\u2029\ufeff\ud800") == "\\u200b\\u202e\\u2028\\u2029\\ufeff\\ud800"
+    assert output.printable("\U000e0001") == "\\U000e0001"  # a tag character (format)
 
 
 # -- redirects are not followed ----------------------------------------------------------------------
