@@ -8,6 +8,11 @@
 #   docker run --rm -p 8000:8000 -v "$PWD/models:/models:ro" cifar-serve        # model at run time
 #   docker build --build-arg MODEL_SRC=models -t cifar-serve:baked .            # model in the image
 #
+# Proxy mode, the layout for clients it does not control (compose.yaml and deploy/k8s run it): a
+# second container from this image, sharing the first's network, runs nginx on 8080 in front of
+# gunicorn on 127.0.0.1:8000:
+#   nginx -p /tmp/ -c /etc/nginx/serve.conf -e stderr -g 'daemon off;'
+#
 # The model is never part of the install: it comes in at /models, as TF Serving's image expects,
 # either as a volume at run time or copied from MODEL_SRC (a folder in the build context) at build
 # time. The default MODEL_SRC is a folder holding only a README, so a plain build copies no model.
@@ -41,9 +46,16 @@ COPY tfs_protos ./tfs_protos
 COPY serve ./serve
 RUN pip install --no-cache-dir --no-deps --no-build-isolation "./"
 
-# --- runtime: the virtual environment, a non-root user, the model at /models -------------------
+# --- runtime: the virtual environment, nginx, a non-root user, the model at /models ------------
 FROM ${BASE_IMAGE} AS runtime
 ARG MODEL_SRC=deploy/no-model
+# nginx for the proxy mode: a second container from this image, in front of gunicorn, reads every
+# request body before gunicorn's threads see it (deploy/nginx/nginx.conf says why). Debian's
+# bookworm package; its Debian revision is left free so that security updates install.
+RUN apt-get update \
+    && apt-get install -y --no-install-recommends "nginx=1.22.1-*" \
+    && rm -rf /var/lib/apt/lists/*
+COPY deploy/nginx/nginx.conf /etc/nginx/serve.conf
 RUN groupadd --system --gid 10001 app \
     && useradd --system --uid 10001 --gid app --no-create-home --shell /usr/sbin/nologin app \
     && mkdir -p /models /tmp/prometheus \
@@ -63,7 +75,7 @@ ENV PATH=/opt/venv/bin:$PATH \
     PROMETHEUS_MULTIPROC_DIR=/tmp/prometheus
 WORKDIR /srv
 USER 10001:10001
-EXPOSE 8000
+EXPOSE 8000 8080
 # Liveness only (/readyz is for load balancers): slim images have no curl, so Python asks.
 HEALTHCHECK --interval=30s --timeout=5s --start-period=60s --retries=3 \
     CMD ["python", "-c", "import os, urllib.request; urllib.request.urlopen('http://127.0.0.1:%s/healthz' % os.environ.get('PORT', '8000'), timeout=4)"]
