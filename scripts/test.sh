@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Set up (virtual environment, Python packages, Chromium for the browser test, Redis for the
-# rate-limit test) and run the tests.
+# rate-limit test, nginx for the proxy test) and run the tests.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 if ! command -v chromium >/dev/null 2>&1; then
@@ -16,6 +16,14 @@ if ! command -v redis-server >/dev/null 2>&1; then
     apt-get -o DPkg::Lock::Timeout=600 update -qq && apt-get -o DPkg::Lock::Timeout=600 install -y -qq redis-server >/dev/null
   else
     sudo apt-get update -qq && sudo apt-get install -y -qq redis-server >/dev/null
+  fi
+fi
+# tests/deploy/test_proxy.py runs Debian's nginx, as the image's proxy mode does, in front of a live server.
+if ! command -v nginx >/dev/null 2>&1 && [ ! -x /usr/sbin/nginx ]; then
+  if [ "$(id -u)" = 0 ]; then
+    apt-get -o DPkg::Lock::Timeout=600 update -qq && apt-get -o DPkg::Lock::Timeout=600 install -y -qq --no-install-recommends nginx >/dev/null
+  else
+    sudo apt-get update -qq && sudo apt-get install -y -qq --no-install-recommends nginx >/dev/null
   fi
 fi
 python3 -m venv .venv
