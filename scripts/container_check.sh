@@ -22,7 +22,11 @@
 #      the same model and image, the image's own HEALTHCHECK, a clean log (no traceback, no
 #      permission error such as gunicorn 25+'s control socket under the missing /home/app) and a
 #      graceful stop (exit code 0);
-#   7. removes the container, the image it built and its temporary files on any exit (trap).
+#   7. runs the proxy mode once: a second container from the image runs nginx (its documented
+#      command, a read-only root, /tmp a tmpfs) in the first's network namespace, as the Kubernetes
+#      pod and compose.yaml do; the same checks through nginx on 8080, a body over the server's limit
+#      refused by nginx with 413, a clean nginx log and a graceful quit;
+#   8. removes the containers, the image it built and its temporary files on any exit (trap).
 # Any failed check exits non-zero.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -37,6 +41,9 @@ PYTHON=${PYTHON:-.venv/bin/python}
 BASE_IMAGE=localhost/cifar-base:bookworm-python3.11
 IMAGE=localhost/cifar-serve:check-$$
 NAME=cifar-serve-check-$$
+PROXY=cifar-serve-proxy-check-$$
+# The image's proxy mode, as compose.yaml and deploy/k8s/base/frontend.yaml run it.
+PROXY_COMMAND=(nginx -p /tmp/ -c /etc/nginx/serve.conf -e stderr -g 'daemon off;')
 DEBIAN_MIRROR=${DEBIAN_MIRROR:-http://deb.debian.org/debian}
 HOST_CA=/etc/ssl/certs/ca-certificates.crt
 LOCK=${LOCK:-requirements/serve.txt}  # the Dockerfile's default; a lock file inside this repository
@@ -48,6 +55,13 @@ fail() { printf 'container check FAILED: %s\n' "$*" >&2; exit 1; }
 WORK=$(mktemp -d /tmp/container-check.XXXXXX)
 cleanup() {
     local code=$?
+    if podman container exists "$PROXY" 2>/dev/null; then
+        if [ "$code" != 0 ]; then
+            echo "--- proxy log (last 20 lines) ---" >&2
+            podman logs "$PROXY" 2>&1 | tail -20 >&2 || true
+        fi
+        podman rm -f -t 5 "$PROXY" >/dev/null 2>&1 || true
+    fi
     if podman container exists "$NAME" 2>/dev/null; then
         if [ "$code" != 0 ]; then
             echo "--- container log (last 40 lines) ---" >&2
@@ -172,21 +186,23 @@ size=$(podman image inspect --format '{{.Size}}' "$IMAGE")
 say "image built: $((size / 1000000)) MB"
 
 # --- 5. run it -------------------------------------------------------------------------------------
-port=$("$PYTHON" -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
-say "running it (runc, nofile=$nofile, nproc=$nproc, 127.0.0.1:$port -> 8000, /models read-only)"
+free_port() { "$PYTHON" -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'; }
+port=$(free_port)
+proxy_port=$(free_port)
+say "running it (runc, nofile=$nofile, nproc=$nproc, 127.0.0.1:$port -> 8000, 127.0.0.1:$proxy_port -> 8080, /models read-only)"
 # No systemd here to run the HEALTHCHECK on a timer: the check below runs it itself.
 # (podman still says on stderr that it cannot reach systemd for the timer: kept in engine.log.)
 podman run -d --name "$NAME" "${limits[@]}" --health-interval=disable \
-    -p "127.0.0.1:$port:8000" -v "$WORK/models:/models:ro" "$IMAGE" >/dev/null 2>"$WORK/engine.log" \
+    -p "127.0.0.1:$port:8000" -p "127.0.0.1:$proxy_port:8080" -v "$WORK/models:/models:ro" "$IMAGE" >/dev/null 2>"$WORK/engine.log" \
     || { cat "$WORK/engine.log" >&2; fail "podman run failed"; }
 
 # --- 6. check it ----------------------------------------------------------------------------------
-"$PYTHON" - "$port" "$WORK/probe.png" "$WORK/expected.json" <<'PY' || fail "HTTP checks"
-import json, sys, time
+cat >"$WORK/http_check.py" <<'PY'
+import json, socket, sys, time
 
 import requests
 
-port, probe, expected_file = sys.argv[1:]
+port, probe, expected_file, mode = sys.argv[1:]
 base = f"http://127.0.0.1:{port}"
 
 
@@ -220,11 +236,40 @@ with open(expected_file) as f:
 if got != expected:
     sys.exit(f"the container says {got}, the in-process server {expected}")
 print(f"/api/v1/predict 200 {got}, as in process")
+if mode == "proxy":
+    if not response.headers.get("X-Request-Id"):
+        sys.exit("no X-Request-Id on the answer through nginx")
+    # SERVE_MAX_UPLOAD_MB's default, 16 MiB, plus one byte: nginx refuses it from the header alone.
+    with socket.create_connection(("127.0.0.1", int(port)), timeout=30) as sock:
+        sock.sendall(b"POST /api/v1/predict HTTP/1.1\r\nHost: x\r\nContent-Length: 16777217\r\n\r\n")
+        head = sock.recv(4096).decode("latin-1")
+    if not head.startswith("HTTP/1.1 413") or '"error"' not in head:
+        sys.exit(f"an over-limit body through nginx: {head[:300]!r}")
+    print("over the body limit: 413 from nginx, JSON")
 PY
+"$PYTHON" "$WORK/http_check.py" "$port" "$WORK/probe.png" "$WORK/expected.json" direct || fail "HTTP checks"
 
 # The image's own HEALTHCHECK, as the engine runs it (it needs the docker format to survive the build).
 podman healthcheck run "$NAME" >/dev/null || fail "the image's HEALTHCHECK reports unhealthy"
 say "HEALTHCHECK healthy"
+
+# --- 7. the proxy mode: nginx from the same image, in the server's network namespace ---------------
+say "proxy mode: nginx in a second container, read-only root, in front of gunicorn"
+podman run -d --name "$PROXY" "${limits[@]}" --health-interval=disable --read-only \
+    --network "container:$NAME" "$IMAGE" "${PROXY_COMMAND[@]}" >/dev/null 2>>"$WORK/engine.log" \
+    || { cat "$WORK/engine.log" >&2; fail "podman run (proxy) failed"; }
+"$PYTHON" "$WORK/http_check.py" "$proxy_port" "$WORK/probe.png" "$WORK/expected.json" proxy || fail "HTTP checks through nginx"
+# What the pod's preStop hook does: a graceful quit, then nginx exits by itself.
+podman exec "$PROXY" nginx -p /tmp/ -c /etc/nginx/serve.conf -s quit || fail "nginx -s quit failed"
+proxy_code=$(podman wait "$PROXY")
+proxy_log=$(podman logs "$PROXY" 2>&1)
+[ "$proxy_code" = 0 ] || fail "nginx exited with $proxy_code on a graceful quit"
+grep -q '"logger": "nginx.access"' <<<"$proxy_log" || fail "nginx wrote no access log line to stdout"
+# nginx logs each 413 at [error] ("client intended to send too large body"): the one above was asked for.
+if grep -vF 'client intended to send too large body' <<<"$proxy_log" | grep -nE '\[(emerg|alert|crit|error)\]|Permission denied'; then
+    fail "nginx's log shows an error (above)"
+fi
+say "proxy mode: answered through nginx, quit cleanly, log clean"
 
 podman stop -t 30 "$NAME" >/dev/null 2>>"$WORK/engine.log" || { cat "$WORK/engine.log" >&2; fail "podman stop failed"; }
 code=$(podman inspect --format '{{.State.ExitCode}}' "$NAME")
