@@ -24,10 +24,11 @@ def free_port():
         return s.getsockname()[1]
 
 
-def start_server(model_dir, extra_env=None, args=(), stdout=None):
+def start_server(model_dir, extra_env=None, args=(), stdout=None, stderr=None):
     """Start ``python -m serve`` on a free port; return (process, base_url) once /readyz answers 200.
 
-    ``stdout``: where the server's standard output goes (a file; default: the tests' own).
+    ``stdout``, ``stderr``: where the server's output goes (a file; default: the tests' own). Its logs,
+    ``serve.access`` included, are on stderr.
     """
     port = free_port()
     # No gRPC unless a test asks for it (--grpc-port): servers of parallel tests would share port 8500.
@@ -36,6 +37,7 @@ def start_server(model_dir, extra_env=None, args=(), stdout=None):
         [sys.executable, "-m", "serve", "--model-dir", str(model_dir), "--host", "127.0.0.1", "--port", str(port), *args],
         env=env,
         stdout=stdout,
+        stderr=stderr,
         cwd=os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))),
     )
     url = f"http://127.0.0.1:{port}"
