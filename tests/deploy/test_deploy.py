@@ -137,12 +137,31 @@ def test_dockerfile_has_build_and_runtime_stages_on_slim_python():
     assert ("COPY", "--from=build /opt/venv /opt/venv") in runtime
 
 
-def test_runtime_runs_as_non_root_and_exposes_8000():
+def test_runtime_runs_as_non_root_and_exposes_8000_and_the_proxys_port():
+    import proxy
+
     runtime = stages()["runtime"]
     users = [args for keyword, args in runtime if keyword == "USER"]
     assert users and users[-1].split(":")[0] not in ("root", "0")
-    assert ("EXPOSE", "8000") in runtime
+    exposed = [args.split() for keyword, args in runtime if keyword == "EXPOSE"]
+    assert exposed == [["8000", str(proxy.listen_port())]]
     assert env_block(runtime)["PORT"] == "8000"
+
+
+def test_runtime_installs_nginx_and_its_config_for_the_proxy_mode():
+    import proxy
+
+    runtime = stages()["runtime"]
+    installs = [args for keyword, args in runtime if keyword == "RUN" and "apt-get install" in args]
+    assert len(installs) == 1
+    # Debian's nginx, nothing it only recommends, no package lists left in the layer.
+    assert "--no-install-recommends" in installs[0] and '"nginx=' in installs[0]
+    assert installs[0].rstrip().endswith("rm -rf /var/lib/apt/lists/*")
+    copy = ("COPY", f"{proxy.CONFIG.relative_to(ROOT)} {proxy.IMAGE_CONFIG}")
+    assert copy in runtime
+    # Installed and copied before the image drops to its user, who only reads them.
+    users = [i for i, (keyword, _) in enumerate(runtime) if keyword == "USER"]
+    assert runtime.index(copy) < users[-1]
 
 
 def test_image_command_is_the_documented_serve_command():
@@ -405,7 +424,7 @@ def test_compose_file_is_valid(profile):
 def test_compose_default_profile_is_tfserving_and_front_end():
     result = docker_compose("config", "--services")
     assert result.returncode == 0, result.stderr
-    assert sorted(result.stdout.split()) == ["serve", "tfserving"]
+    assert sorted(result.stdout.split()) == ["proxy", "serve", "tfserving"]
 
 
 def test_compose_mounts_only_files_in_the_repository(compose_config):
@@ -495,7 +514,26 @@ def test_front_end_talks_grpc_to_tfserving_once_it_is_healthy(compose_config):
     assert int(port) in {int(p) for p in services["tfserving"]["expose"]}
     assert serve["depends_on"]["tfserving"]["condition"] == "service_healthy"
     assert "healthcheck" in services["tfserving"]
-    assert 8000 in {int(p["target"]) for p in serve["ports"]}
+
+
+def test_front_end_is_reached_through_the_proxy(compose_config):
+    """HTTP reaches nginx (the image's proxy mode) in the front end's network namespace, never gunicorn's port."""
+    import proxy
+
+    services = compose_config["services"]
+    serve, nginx = services["serve"], services["proxy"]
+    assert nginx["image"] == serve["image"] and nginx["build"] == serve["build"]
+    assert nginx["command"] == proxy.COMMAND
+    assert nginx["network_mode"] == "service:serve" and not nginx.get("ports")
+    assert nginx["depends_on"]["serve"]["condition"] == "service_started"
+    # The front end's published ports are nginx's and gRPC's; nginx passes HTTP on to gunicorn's.
+    from serve.settings import DEFAULT_GRPC_PORT
+
+    assert {int(p["target"]) for p in serve["ports"]} == {proxy.listen_port(), DEFAULT_GRPC_PORT}
+    assert proxy.upstream() == ("127.0.0.1", int(env_block(stages()["runtime"])["PORT"]))
+    assert serve["environment"]["SERVE_TRUSTED_PROXIES"] == "1"
+    # Its health check asks through nginx.
+    assert f"127.0.0.1:{proxy.listen_port()}/healthz" in nginx["healthcheck"]["test"][-1]
 
 
 def test_local_profile_runs_the_front_end_alone(compose_config):

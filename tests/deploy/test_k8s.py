@@ -32,6 +32,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+import proxy
 from manifests import BIN, documents, env_of, kustomize_text, one, selects, tfserving_probe_passes
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -331,8 +332,9 @@ def test_front_end_runs_the_dockerfiles_image_as_built(rendered, target):
     assert split_image(c["image"]) == (built, project_version())
     # The image's own CMD runs: no command or args to drift from it.
     assert "command" not in c and "args" not in c
-    port = next(p for p in c["ports"] if p["name"] == "http")
-    assert port["containerPort"] == int(instruction(stage, "EXPOSE")) == int(env["PORT"])
+    port = next(p for p in c["ports"] if p["name"] == "app")
+    assert port["containerPort"] == int(env["PORT"])
+    assert port["containerPort"] in {int(p) for p in instruction(stage, "EXPOSE").split()}
     assert "PORT" not in env_of(c)
     uid, _, gid = instruction(stage, "USER").partition(":")
     security = pod_spec(deployment)["securityContext"]
@@ -344,6 +346,41 @@ def test_front_end_runs_the_dockerfiles_image_as_built(rendered, target):
     # Prometheus's multiprocess folder must be writable on a read-only root.
     volume, _ = mount_of(deployment, c, env["PROMETHEUS_MULTIPROC_DIR"])
     assert "emptyDir" in volume
+
+
+@pytest.mark.parametrize("target", SERVING)
+def test_proxy_runs_the_images_nginx_in_front_of_gunicorn(rendered, target):
+    """The image's proxy mode beside gunicorn: its command, config, port, writable folder and probes."""
+    deployment = one(rendered[target], "Deployment", "cifar-serve")
+    serve, nginx = container(deployment, "serve"), container(deployment, "proxy")
+    assert nginx["image"] == serve["image"]
+    assert nginx["command"] == proxy.COMMAND and "args" not in nginx
+    # The config the command names is the repository's, where the Dockerfile copies it.
+    copies = [item["value"].split() for item in final_stage(ROOT / "Dockerfile") if item["instruction"] == "COPY"]
+    assert [str(proxy.CONFIG.relative_to(ROOT)), proxy.IMAGE_CONFIG] in copies
+    # nginx listens where its port says and the image exposes, and passes on to gunicorn in the same pod.
+    assert {p["name"]: p["containerPort"] for p in nginx["ports"]} == {"http": proxy.listen_port()}
+    assert proxy.listen_port() in {int(p) for p in instruction(final_stage(ROOT / "Dockerfile"), "EXPOSE").split()}
+    app_port = next(p["containerPort"] for p in serve["ports"] if p["name"] == "app")
+    assert proxy.upstream() == ("127.0.0.1", app_port)
+    # Clients reach nginx, never gunicorn's HTTP port, whose server believes one X-Forwarded-For entry.
+    service = one(rendered[target], "Service", "cifar-serve")
+    assert {p["targetPort"] for p in service["spec"]["ports"]} == {"http", "grpc"}
+    policy = one(rendered[target], "NetworkPolicy", "cifar-serve")
+    assert {p["port"] for rule in policy["spec"]["ingress"] for p in rule["ports"]} == {"http", "grpc"}
+    assert env_of(serve)["SERVE_TRUSTED_PROXIES"] == "1"
+    # -p: nginx's pid file and the bodies it buffers, on a writable volume of the read-only root.
+    prefix = nginx["command"][nginx["command"].index("-p") + 1]
+    assert "emptyDir" in mount_of(deployment, nginx, prefix + "nginx.pid")[0]
+    # Probes on nginx's own port: alive when it accepts, ready when a request passes through to the model.
+    assert nginx["livenessProbe"]["tcpSocket"] == {"port": "http"}
+    assert nginx["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": "http"}
+    # The drain: the pod's pause, then a graceful quit of this nginx (its pid file under -p).
+    hook = nginx["lifecycle"]["preStop"]["exec"]["command"]
+    assert hook[:2] == ["/bin/sh", "-c"]
+    assert f"sleep {serve['lifecycle']['preStop']['sleep']['seconds']};" in hook[2]
+    assert f"nginx -p {prefix} -c {proxy.IMAGE_CONFIG} -s quit;" in hook[2] and f"{prefix}nginx.pid" in hook[2]
+    assert proxy.directives("pid") == ["nginx.pid"]
 
 
 def serve_reads():
