@@ -189,6 +189,8 @@ def main(argv=None):
     parser.add_argument("--banks", default="5000,20000,all",
                         help="KNN bank sizes, training images each ('all': every image trained on)")
     parser.add_argument("--json", help="write the figures here")
+    parser.add_argument("--views", default="one view,six views",
+                        help="which features, comma-separated: 'one view', 'six views' (airbench's family only)")
     parser.add_argument("--cache", help="an .npz keeping the features between runs of this script")
     args = parser.parse_args(argv)
     manifest, model = load_run(args.run)
@@ -206,7 +208,11 @@ def main(argv=None):
     groups = {"bank": x_train[order], "held_out": held_images, "test": test_images,
               **{f"report/{s}": images for s, images in sets.items()},
               **{f"selection/{s}": images for s, images in selection.items()}}
-    features = extract(feature_views(model), groups, args.cache, args.run)
+    available = feature_views(model)
+    wanted = [v.strip() for v in args.views.split(",") if v.strip() in available]
+    if not wanted:
+        parser.error(f"--views: none of {args.views!r} is one of this model's {list(available)}")
+    features = extract({v: available[v] for v in wanted}, groups, args.cache, args.run)
     labels = {"bank": y_train[order], "held_out": held_labels}
     views = measure(features, labels, manifest.num_classes, banks, list(sets), [f"selection/{s}" for s in selection])
     dim = next(iter(features.values()))["bank"][0].shape[1]
