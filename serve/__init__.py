@@ -78,12 +78,10 @@ def create_app(config=None, backend=None, tracer_provider=None):
     def _observe(response):
         # Labels from fixed sets only: the route's rule (or "<unmatched>"), a known method (or "other"),
         # the status. A client that invents methods or paths adds no series.
-        route = request.url_rule.rule if request.url_rule is not None else "<unmatched>"
-        method = request.method if request.method in metrics.METHODS else "other"
-        started = g.get("serve_started")
-        if started is not None:
-            app_metrics.latency.labels(route, method).observe(time.perf_counter() - started)
-        app_metrics.requests.labels(route, method, str(response.status_code)).inc()
+        rule, method, started = request.url_rule, request.method, g.get("serve_started")
+        app_metrics.request_answered(rule.rule if rule is not None else "<unmatched>",
+                                     method if method in metrics.METHODS else "other", response.status_code,
+                                     None if started is None else time.perf_counter() - started)
         return response
 
     @app.errorhandler(HTTPException)
