@@ -11,6 +11,7 @@ under ``/v2``, ``/healthz``, ``/readyz``, ``/metrics``. Configuration is by
 environment variable; see :mod:`serve.settings`.
 """
 
+import functools
 import time
 
 from flask import Flask, g, jsonify, request
@@ -35,6 +36,9 @@ def create_app(config=None, backend=None, tracer_provider=None):
     from serve.protocols import api, tfserving_rest, v2_rest, web
 
     app = Flask(__name__)
+    # Flask asks ensure_sync (inspect.iscoroutinefunction) about every hook and view on every request;
+    # the answer for a function never changes, so it is worked out once per function (Flask's documented override point).
+    app.ensure_sync = functools.cache(app.ensure_sync)
     # One typed, checked settings object: a bad value stops the start here, naming its variable.
     configured = settings.Settings.from_env(overrides=config)
     app.config.from_mapping({k: v for k, v in (config or {}).items() if k not in settings.Settings.keys()})
