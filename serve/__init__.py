@@ -11,6 +11,7 @@ under ``/v2``, ``/healthz``, ``/readyz``, ``/metrics``. Configuration is by
 environment variable; see :mod:`serve.settings`.
 """
 
+import functools
 import time
 
 from flask import Flask, g, jsonify, request
@@ -35,6 +36,9 @@ def create_app(config=None, backend=None, tracer_provider=None):
     from serve.protocols import api, tfserving_rest, v2_rest, web
 
     app = Flask(__name__)
+    # Flask asks ensure_sync (inspect.iscoroutinefunction) about every hook and view on every request;
+    # the answer for a function never changes, so it is worked out once per function (Flask's documented override point).
+    app.ensure_sync = functools.cache(app.ensure_sync)
     # One typed, checked settings object: a bad value stops the start here, naming its variable.
     configured = settings.Settings.from_env(overrides=config)
     app.config.from_mapping({k: v for k, v in (config or {}).items() if k not in settings.Settings.keys()})
@@ -78,12 +82,10 @@ def create_app(config=None, backend=None, tracer_provider=None):
     def _observe(response):
         # Labels from fixed sets only: the route's rule (or "<unmatched>"), a known method (or "other"),
         # the status. A client that invents methods or paths adds no series.
-        route = request.url_rule.rule if request.url_rule is not None else "<unmatched>"
-        method = request.method if request.method in metrics.METHODS else "other"
-        started = g.get("serve_started")
-        if started is not None:
-            app_metrics.latency.labels(route, method).observe(time.perf_counter() - started)
-        app_metrics.requests.labels(route, method, str(response.status_code)).inc()
+        rule, method, started = request.url_rule, request.method, g.get("serve_started")
+        app_metrics.request_answered(rule.rule if rule is not None else "<unmatched>",
+                                     method if method in metrics.METHODS else "other", response.status_code,
+                                     None if started is None else time.perf_counter() - started)
         return response
 
     @app.errorhandler(HTTPException)

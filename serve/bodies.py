@@ -115,8 +115,10 @@ def init_app(app):
 
 def _drain_refused_body(response):
     """Read what a refused request left of its body (up to DRAIN_LIMIT, within DRAIN_TIMEOUT_S), so keep-alive holds."""
+    if response.status_code < 400:  # an answered request read its body: nothing to drain (and no header to parse)
+        return response
     length = request.content_length
-    if response.status_code < 400 or not length:
+    if not length:
         return response
     sock = request.environ.get("gunicorn.socket")  # None in the test client, whose body is in memory
     if length > DRAIN_LIMIT:

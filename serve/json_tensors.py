@@ -73,9 +73,9 @@ def _value_span(body, key):
 def _integers(text):
     """The int64 array a JSON array of non-negative integers spells, or None when ``text`` is anything else."""
     text = bytes(text)
-    if text.translate(None, b"0123456789[]," + _WHITE):
-        return None
-    compact = text.translate(None, _WHITE)
+    # Any byte but digits, brackets, commas and white space stays in the skeleton below, which then
+    # differs from the canonical text: no pass of its own looks for them.
+    compact = text.translate(None, _WHITE) if any(white in text for white in _WHITE) else text
     chars = np.frombuffer(compact, np.uint8)
     digits = chars - np.uint8(_ZERO)  # brackets and commas wrap around to 43 and up
     digit = digits < 10
@@ -89,22 +89,23 @@ def _integers(text):
     starts[1:] &= ~digit[:-1]
     ends = digit.copy()
     ends[:-1] &= ~digit[1:]
-    first, last = np.flatnonzero(starts), np.flatnonzero(ends)
+    first, last = starts.nonzero()[0], ends.nonzero()[0]  # flatnonzero without its Python-level ravel
     if first.size == 0:
         return None
     lengths = last - first + 1
     longest = int(lengths.max())
-    if longest > MAX_DIGITS or ((digits[first] == 0) & (lengths > 1)).any():
+    leading = digits.take(first)  # take: a plain gather, cheaper than fancy indexing
+    if longest > MAX_DIGITS or ((leading == 0) & (lengths > 1)).any():
         return None
     # Every number as one "0": the text must then be exactly the canonical text of its shape.
     skeleton = chars[~digit | starts].tobytes().translate(_NUMBERS_AS_ZERO)
     shape = _shape(skeleton)
     if shape is None or skeleton != _canonical(shape):
         return None
-    values = digits[first].astype(np.int64)
+    values = leading.astype(np.int64)
     for j in range(1, longest):  # the models' pixels have at most three digits: three passes
         more = lengths > j
-        values = np.where(more, values * 10 + digits[np.minimum(first + j, len(digits) - 1)], values)
+        values = np.where(more, values * 10 + digits.take(first + j, mode="clip"), values)
     return values.reshape(shape)
 
 

@@ -116,7 +116,8 @@ def init_app(app, log_format):
         if rid is None:  # a request refused before the hooks ran
             rid = g.request_id = uuid.uuid4().hex
         response.headers[HEADER] = rid
-        if response.status_code >= 400 and response.is_json:
+        status = response.status_code
+        if status >= 400 and response.is_json:
             body = response.get_json(silent=True)
             if isinstance(body, dict) and "error" in body and "request_id" not in body:
                 body["request_id"] = rid
@@ -125,14 +126,13 @@ def init_app(app, log_format):
         answered = g.get("serve_answered") or (None, 0)
         if answered[0] is not None:  # which version answered, on every protocol (TF Serving's REST body has no field for it)
             response.headers[VERSION_HEADER] = str(answered[0])
-        ACCESS.info("%s %s %s", request.method, request.path if request.url_rule is None else request.url_rule.rule,
-                    response.status_code, extra={
-                        "request_id": rid, "method": request.method,
-                        "route": request.url_rule.rule if request.url_rule is not None else "<unmatched>",
-                        "status": response.status_code, "model_version": answered[0], "images": answered[1],
-                        "duration_ms": round((time.perf_counter() - started) * 1000, 2) if started else None,
-                        "client": request.remote_addr,
-                    })
+        rule, method = request.url_rule, request.method
+        ACCESS.info("%s %s %s", method, request.path if rule is None else rule.rule, status, extra={
+            "request_id": rid, "method": method, "route": rule.rule if rule is not None else "<unmatched>",
+            "status": status, "model_version": answered[0], "images": answered[1],
+            "duration_ms": round((time.perf_counter() - started) * 1000, 2) if started else None,
+            "client": request.remote_addr,
+        })
         return response
 
 

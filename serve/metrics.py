@@ -69,6 +69,9 @@ class Metrics:
             ["reason", "area"],
             **kw,
         )
+        # Children of the labelled metrics each request observes, by their label values (see request_answered).
+        self._request_children = {}
+        self._answer_children = {}
 
         # What the answers say about the images sent (drift): per model version, on every route.
         self.top_probability = Histogram(
@@ -84,20 +87,39 @@ class Metrics:
             "Images answered in_distribution: false (over the model's threshold), by model version.", ["version"], **kw,
         )
 
+    def request_answered(self, route, method, status, seconds):
+        """Observe one HTTP answer: its duration in seconds (None: not timed) and its count, by route, method and status.
+
+        ``route`` and ``method`` come from fixed sets (the app's rules, :data:`METHODS`), so the children are
+        looked up once for each combination and kept: ``labels()`` checks and converts its values on every call.
+        """
+        children = self._request_children.get((route, method, status))
+        if children is None:
+            children = (self.latency.labels(route, method), self.requests.labels(route, method, str(status)))
+            self._request_children[(route, method, status)] = children
+        if seconds is not None:
+            children[0].observe(seconds)
+        children[1].inc()
+
     def answers(self, version, outputs):
         """Observe one model call's answers: every image's top probability, score and verdict."""
-        version = str(version)
-        top = self.top_probability.labels(version)
+        top, score, foreign_count = self._answer_children.get(version) or self._answer_children_of(version)
         for p in np.asarray(outputs[OUTPUT_PROBABILITIES]).max(axis=1).tolist():
             top.observe(p)
         if OUTPUT_OOD_SCORE in outputs:
-            score = self.ood_score.labels(version)
             for value in np.asarray(outputs[OUTPUT_OOD_SCORE]).tolist():
                 score.observe(value)
         if OUTPUT_IN_DISTRIBUTION in outputs:
             foreign = int((~np.asarray(outputs[OUTPUT_IN_DISTRIBUTION], bool)).sum())
             if foreign:
-                self.out_of_distribution.labels(version).inc(foreign)
+                foreign_count.inc(foreign)
+
+    def _answer_children_of(self, version):
+        """The drift metrics' children of ``version``, made once (a server answers with a few versions)."""
+        label = str(version)
+        children = (self.top_probability.labels(label), self.ood_score.labels(label), self.out_of_distribution.labels(label))
+        self._answer_children[version] = children
+        return children
 
     def model_loaded(self, runtime, version):
         """Record that ``version`` now answers in ``runtime`` (the previous one, if any, goes to 0)."""

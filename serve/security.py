@@ -152,6 +152,11 @@ class Security:
         self.cors_origins = split_list(settings.cors_origins)
         self.trusted_proxies = settings.trusted_proxies
         self.limiter = None
+        #: The Vary headers of each area's answers: Origin under CORS, the key headers where keys are asked for.
+        self._vary = {
+            area: (*(("Origin",) if self.cors_origins else ()), *(("Authorization", "X-API-Key") if keys else ()))
+            for area, keys in self.keys.items()
+        }
 
     # -- identity ---------------------------------------------------------------------------
 
@@ -230,21 +235,27 @@ class Security:
 
     def headers(self, response):
         """after_request: the security and caching headers, on every answer (errors included)."""
-        csp = PAGE_CSP if response.mimetype == "text/html" else OTHER_CSP
-        response.headers.setdefault("Content-Security-Policy", csp)
+        have = response.headers
+        # Which headers the answer has, read once: a werkzeug Headers lookup of a missing name raises
+        # (and builds) a BadRequestKeyError, and these are missing on nearly every answer.
+        present = {name.lower() for name in have.keys()}
+        if "content-security-policy" not in present:
+            have.add("Content-Security-Policy", PAGE_CSP if response.mimetype == "text/html" else OTHER_CSP)
         for name, value in HEADERS.items():
-            response.headers.setdefault(name, value)
+            if name.lower() not in present:
+                have.add(name, value)
         # Every answer but a static file is made for this request and this caller: no cache, shared or
         # private, may keep it (a shared cache could hand a keyed GET such as /metrics to a caller
         # without the key). Answers that depend on request headers say which.
-        if not request.path.startswith(OPEN_PREFIXES):
-            response.headers["Cache-Control"] = "no-store"
-        vary = [*(["Origin"] if self.cors_origins else []), *(["Authorization", "X-API-Key"] if self.keys[area_of(request.path)] else [])]
+        path = request.path
+        if not path.startswith(OPEN_PREFIXES):
+            have["Cache-Control"] = "no-store"
+        vary = self._vary[area_of(path)]
         if vary:
             response.vary.update(vary)
         # Flask-Limiter writes Retry-After on every limited answer; it means something only on these.
-        if response.status_code not in (429, 503):
-            response.headers.pop("Retry-After", None)
+        if "retry-after" in present and response.status_code not in (429, 503):
+            have.pop("Retry-After", None)
         return response
 
 
