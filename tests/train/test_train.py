@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 import synthetic
-from contract import MANIFEST_FILE, WEIGHTS_FILE
+from contract import MANIFEST_FILE, SAMPLES_FILE, WEIGHTS_FILE
 from train import cli, data, hardware, models, report, tf_devices, trainer
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -288,6 +288,27 @@ def test_run_directory_holds_everything_export_needs(trained_run, splits):
     metrics = json.loads((trained_run / "eval" / "metrics.json").read_text())
     assert np.asarray(metrics["confusion_matrix"]).sum() == len(splits.x_test)
     assert set(metrics["per_class_accuracy"]) == set(synthetic.CLASS_NAMES)
+
+
+def test_the_samples_hold_every_test_image_up_to_1000_for_exports_int8_gate(trained_run, splits, tmp_path):
+    from train import handover
+
+    with np.load(trained_run / SAMPLES_FILE) as sample:
+        np.testing.assert_array_equal(sample["test_images"], splits.x_test)  # 48: every one
+        np.testing.assert_array_equal(sample["test_labels"], splits.y_test)
+
+    def numbered(count):  # image i carries i in its first two bytes, so a sample shows which it holds
+        images = np.zeros((count, 32, 32, 3), np.uint8)
+        images[:, 0, 0, 0], images[:, 0, 0, 1] = np.arange(count) % 256, np.arange(count) // 256
+        return images, np.arange(count) % 3
+
+    large = data.Splits(*numbered(1_200), *numbered(1_500), list(synthetic.CLASS_NAMES), "synthetic")
+    recorded = handover.write_samples(large, str(tmp_path / SAMPLES_FILE), seed=0)
+    assert (recorded.train, recorded.test) == (500, 1_000)
+    with np.load(tmp_path / SAMPLES_FILE) as sample:
+        for split, count in (("train", 500), ("test", 1_000)):
+            ids = sample[f"{split}_images"][:, 0, 0, 0].astype(int) + 256 * sample[f"{split}_images"][:, 0, 0, 1]
+            assert len(set(ids.tolist())) == count and np.array_equal(sample[f"{split}_labels"], ids % 3)
 
 
 def test_weights_reproduce_the_fingerprint(trained_run):
