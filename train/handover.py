@@ -24,7 +24,7 @@ FINGERPRINT_SEED = 20180921  # the fingerprint's images (train.models.fingerprin
 SAMPLE_IMAGES = {"train": 500, "test": 1000}
 
 
-def hand_over(config, recipe, plan, placement, splits, output, wall_time, held_out=None):
+def hand_over(config, plan, placement, splits, output, wall_time, held_out=None):
     """Rebuild the model on the host from the saved file alone, evaluate it, write samples and manifest."""
     import keras
 
@@ -58,24 +58,17 @@ def hand_over(config, recipe, plan, placement, splits, output, wall_time, held_o
             data=splits.source or config.data,
             train_images=int(len(splits.x_train)),
             test_images=int(len(splits.x_test)),
+            recipe=plan.recipe,
             keras_backend=placement.backend,
+            input_pipeline=plan.input_pipeline,
             strategy=placement.name,
             hardware=placement.hardware,
             replicas=int(placement.replicas),
-            batch_size_per_replica=int(plan.batch_size),
             global_batch=int(plan.global_batch),
-            precision=plan.precision,
-            epochs=int(plan.epochs),
+            peak_learning_rate=float(plan.learning_rate),
             steps_per_epoch=int(plan.steps_per_epoch),
             steps_per_execution=int(plan.steps_per_execution),
-            optimizer=recipe.optimizer,
-            learning_rate=float(plan.learning_rate),
-            schedule=plan.schedule,
-            augment=bool(plan.augment),
-            crop_padding=int(plan.crop_padding),
-            alternate_flips=bool(recipe.alternate_flips),
-            label_smoothing=float(plan.label_smoothing),
-            weight_decay=float(recipe.weight_decay),
+            precision=plan.precision,
             seed=int(config.seed),
             wall_time_s=round(wall_time, 1),
         ),
@@ -84,7 +77,7 @@ def hand_over(config, recipe, plan, placement, splits, output, wall_time, held_o
             test_loss=float(evaluation["loss"]),
             test_images=int(evaluation["count"]),
         ),
-        versions=versions(placement.backend),
+        versions=versions(placement.backend, plan.input_pipeline),
         fingerprint=manifests.Fingerprint(
             seed=FINGERPRINT_SEED,
             shape=list(images.shape),
@@ -147,16 +140,17 @@ def save_weights_atomically(model, path):
             os.remove(tmp)
 
 
-def versions(backend):
-    import sys
-
+def versions(backend, input_pipeline):
+    """The versions of what trained: TensorFlow where it ran (its backend, or tf.data beside JAX), JAX where it did."""
     import h5py
     import keras
     import numpy
 
     versions = {"python": platform.python_version()}
-    if "tensorflow" in sys.modules:  # absent where JAX trains alone
-        versions["tensorflow"] = sys.modules["tensorflow"].__version__
+    if backend == "tensorflow" or input_pipeline == "tf.data":
+        import tensorflow
+
+        versions["tensorflow"] = tensorflow.__version__
     versions.update(keras=keras.__version__, numpy=numpy.__version__, h5py=h5py.__version__)
     if backend == "jax":
         import jax
