@@ -542,6 +542,16 @@ def test_a_recipe_change_the_recipe_refuses_is_a_usage_error():
         trainer._recipe(models.recipe("seed_cnn"), {"epoch": 2})
 
 
+def test_the_input_pipeline_is_decided_once_and_said_when_it_cannot_be():
+    # (tf.data beside JAX hides TensorFlow's GPUs, which this process may have set up already: test_jax.py runs it.)
+    assert trainer._input_pipeline("auto", "tensorflow") == trainer._input_pipeline("tf.data", "tensorflow") == "tf.data"
+    assert trainer._input_pipeline("numpy", "jax") == "numpy"  # JAX on NumPy batches though TensorFlow is here
+    with pytest.raises(trainer.UsageError, match="the tensorflow backend trains on tf.data"):
+        trainer._input_pipeline("numpy", "tensorflow")
+    with pytest.raises(trainer.UsageError, match="'grain' is not one of auto, tf.data, numpy"):
+        trainer._input_pipeline("grain", "jax")
+
+
 def test_seed_cnn_trains_by_its_recipe_block_when_no_flag_says_otherwise():
     """The registry's recipe is the one source of the defaults: the CLI's flags default to None."""
     from train.hardware import Placement
