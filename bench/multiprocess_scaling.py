@@ -74,8 +74,8 @@ def main():
     timed = [float(r["epoch_time_s"]) for r in rows[1:]] or [float(rows[0]["epoch_time_s"])]
     print(json.dumps({
         "processes": args.processes, "devices_per_process": args.devices, "replicas": training["replicas"],
-        "global_batch": training["global_batch"], "epochs": training["epochs"],
-        "train_images": training["train_images"], "augment": training["augment"],
+        "global_batch": training["global_batch"], "epochs": training["recipe"]["epochs"],
+        "train_images": training["train_images"], "augment": training["recipe"]["augment"],
         "epoch_s": [round(float(r["epoch_time_s"]), 1) for r in rows],
         "images_per_s": round(images / (sum(timed) / len(timed)), 1),
         "test_accuracy": manifest["metrics"]["test_accuracy"], "test_images": manifest["metrics"]["test_images"],

@@ -21,9 +21,14 @@ import tempfile
 import types
 import typing
 
+from contract.recipe import Recipe
+
+#: 4: the run's whole recipe under ``training.recipe`` (:class:`contract.recipe.Recipe`; the
+#: hyperparameters were flat fields of ``training``, some missing), ``training.input_pipeline``, and
+#: ``training.peak_learning_rate`` (the recipe's rate at the run's global batch; was ``learning_rate``).
 #: 3: typed export and confidence sections, ``training.keras_backend`` (was ``training.backend``),
 #: ``samples`` required; the LiteRT checks under ``export.litert.runtimes``.
-FORMAT = 3
+FORMAT = 4
 #: The commands that rebuild a run and its published versions in the current format.
 REBUILD = "python -m train --output RUN --overwrite, then python -m export --run RUN"
 
@@ -98,28 +103,21 @@ class Input:  # the input contract every model takes
 
 
 @_section
-class Training:  # how the weights were made
+class Training:  # how the weights were made: the recipe, and the run that applied it
     data: str | None  # what --data named (None: data handed in by a caller)
     train_images: int
     test_images: int
+    recipe: Recipe  # the model's recipe with the run's flags applied, every field
     keras_backend: str  # "jax" or "tensorflow"
+    input_pipeline: str  # "tf.data", or "numpy" (train.arrays) where JAX trains without TensorFlow
     strategy: str
     hardware: str
     replicas: int
-    batch_size_per_replica: int
-    global_batch: int
-    precision: str
-    epochs: int
+    global_batch: int  # recipe.batch_size times replicas, images per step
+    peak_learning_rate: float  # recipe.learning_rate scaled from recipe.reference_batch to global_batch
     steps_per_epoch: int
     steps_per_execution: int
-    optimizer: str
-    learning_rate: float
-    schedule: str
-    augment: bool
-    crop_padding: int
-    alternate_flips: bool
-    label_smoothing: float
-    weight_decay: float
+    precision: str
     seed: int
     wall_time_s: float
 
@@ -359,7 +357,10 @@ def _load(hint, value, where):
                 kwargs[f.name] = _load(hints[f.name], value[f.name], path)
             elif f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
                 raise _Bad(f"lacks field {path!r}")
-        return hint(**kwargs)
+        try:
+            return hint(**kwargs)
+        except ValueError as exc:  # a section that checks its own values (contract.recipe.Recipe)
+            raise _Bad(f"section {where!r}: {exc}") from None
     plain = origin or hint
     ok = isinstance(value, plain) and not (isinstance(value, bool) and plain in (int, float))
     if plain is float and isinstance(value, int) and not isinstance(value, bool):

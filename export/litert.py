@@ -59,12 +59,12 @@ FLOAT_TOLERANCE = 1e-4
 #: Largest absolute difference allowed between float32 LiteRT and SavedModel out-of-distribution
 #: scores (energies of about -5 to -30; contract.confidence).
 SCORE_TOLERANCE = 1e-4
-#: Least share of the test sample on which the int8 model must give the SavedModel's class.
-#: The issue's target is 99.0% on all 10,000 test images; the sample holds a few hundred, where
-#: the standard error of a 99% agreement is about 0.45 points (500 images), so a gate at 99.0%
-#: would refuse a good model about half the time. 98.5% is one standard error under the
-#: target: a model this far below it is worse, not unlucky.
-AGREEMENT_GATE = 0.985
+#: Least share of the test sample on which the int8 model must give the SavedModel's class: the
+#: serving target itself (99.0% on the original test images), not a margin under it. Training puts
+#: every test image up to 1,000 in the sample (train.handover.SAMPLE_IMAGES), so on CIFAR-10's
+#: original pixels the gate is measured on all 1,000 of them: an int8 model published is one that
+#: meets the target on those images, and one under it is refused, in one line that says by how much.
+AGREEMENT_GATE = 0.99
 #: Operators kept in float32 in the int8 model. The classifier head turns a few hundred features
 #: into 10 probabilities; quantized, its softmax output has 1/256 steps, so close calls become
 #: ties and ties go to the lower class id. Keeping FULLY_CONNECTED and SOFTMAX in float costs
@@ -142,12 +142,6 @@ def export(version_dir, run_dir, samples, verbose=1):
                     f"{entry['ood_score_max_abs_diff']:.3g} (more than {SCORE_TOLERANCE:g})")
         return None
 
-    def int8_check(entry):
-        if entry["agreement"] < AGREEMENT_GATE:
-            return (f"it gives the SavedModel's class on {entry['agreement']:.2%} of {entry['images']} test "
-                    f"images, under the {AGREEMENT_GATE:.1%} gate")
-        return None
-
     publish(RUNTIME_LITERT, lambda: convert_float(version_dir), float_check)
     calibration = arrays["train_images"]
     made = []
@@ -156,7 +150,7 @@ def export(version_dir, run_dir, samples, verbose=1):
         made.append(convert_int8(version_dir, calibration))
         return made[-1]
 
-    publish(RUNTIME_LITERT_INT8, int8, int8_check)
+    publish(RUNTIME_LITERT_INT8, int8, lambda entry: int8_refusal(entry["agreement"], entry["images"]))
     # Only the FLOAT_LAYERS this model has (their operators keep their names in the int8 model).
     kept = [layer for layer in FLOAT_LAYERS if made and layer_nodes(made[-1], [layer])]
     checks[RUNTIME_LITERT_INT8]["calibration"] = manifests.Int8Calibration(
@@ -166,6 +160,14 @@ def export(version_dir, run_dir, samples, verbose=1):
         checked_on=manifests.CheckedOn(images=len(test_images), source=f"{SAMPLES_FILE} test_images"),
         savedmodel_accuracy=_accuracy(expected, test_labels),
         runtimes={runtime: manifests.RuntimeCheck(**entry) for runtime, entry in checks.items()})
+
+
+def int8_refusal(agreement, images):
+    """Why an int8 model giving the SavedModel's class on ``agreement`` of ``images`` test images is not published, or None."""
+    if agreement < AGREEMENT_GATE:
+        return (f"it gives the SavedModel's class on {agreement:.2%} of {images} test images, "
+                f"under the {AGREEMENT_GATE:.1%} gate")
+    return None
 
 
 def read_samples(run_dir, samples):

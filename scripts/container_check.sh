@@ -142,8 +142,8 @@ with quiet.native_startup():
     splits = synthetic.make_splits()
     run = os.path.join(work, "run")
     # conftest.py's trained_run: a confident model, so export's int8 check passes on 48 test images.
-    trainer.run(trainer.Config(output=run, epochs=4, batch_size=16, precision="float32", tpu="none", verbose=0,
-                               schedule="constant", augment=False, label_smoothing=0.0), splits=splits)
+    trainer.run(trainer.Config(output=run, precision="float32", tpu="none", verbose=0, recipe=dict(
+        epochs=4, batch_size=16, schedule="constant", augment=False, label_smoothing=0.0)), splits=splits)
     exporter.run(run_dir=run, model_dir=os.path.join(work, "models"), name="cifar10", verbose=0)
 
 image = synthetic.encode(splits.x_test[0])

@@ -7,8 +7,8 @@
 # Environment overrides (defaults in brackets):
 #   CIFAR_DATA  'cifar10', a folder or .zip of train/<class>/ test/<class>/ images, or
 #               cifar-10-binary.tar.gz                                   [cifar10]
-#   MODEL       airbench_fast, seed_cnn, airbench or resnet9             [airbench_fast]
-#   EPOCHS      passes over the training set              [the model's recipe: 7 / 20 / 10 / 12]
+#   MODEL       airbench_fast, seed_cnn or airbench                      [airbench_fast]
+#   EPOCHS      passes over the training set                   [the model's recipe: 7 / 20 / 10]
 #   HOLDOUT     training images kept out of training, on which export calibrates the
 #               probabilities and sets the out-of-distribution threshold; 0: none    [5000]
 #   TRAIN_ARGS  any further `python -m train` flags, e.g. "--augment --schedule onecycle"

@@ -6,12 +6,14 @@ Typical usage::
 """
 
 import argparse
+import dataclasses
 import os
 import sys
 import tarfile
 import zipfile
 
-from contract.arguments import add_renamed, int_at_least, non_negative_int, positive_int
+from contract.arguments import add_renamed, non_negative_int, positive_int
+from contract.recipe import Recipe, problem
 from train import trainer
 
 
@@ -25,9 +27,41 @@ def _profile_steps(text):
     return first, last
 
 
+def recipe_value(field):
+    """An ``argparse`` type for the recipe's ``field``: its type, then its valid values (contract.recipe.problem)."""
+
+    def parse(text):
+        try:
+            value = field.type(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not {'an integer' if field.type is int else 'a number'}") from None
+        why = problem(field, value)
+        if why:
+            raise argparse.ArgumentTypeError(why)
+        return value
+
+    return parse
+
+
+def add_recipe_flags(parser):
+    """One flag per :class:`contract.recipe.Recipe` field, named after it, with its help and unit; each defaults to None (the model's value)."""
+    group = parser.add_argument_group(
+        "recipe", "the model's training hyperparameters (contract/recipe.py); each flag defaults to the model's "
+                  "own value (train/models.py, train/airbench.py)")
+    for field in dataclasses.fields(Recipe):
+        meta = field.metadata
+        flag = "--" + field.name.replace("_", "-")
+        help = meta["help"] + (f" ({meta['unit']})" if meta["unit"] else "")
+        if field.type is bool:
+            group.add_argument(flag, action=argparse.BooleanOptionalAction, help=help)
+        elif meta["choices"]:
+            group.add_argument(flag, choices=meta["choices"], help=help)
+        else:
+            group.add_argument(flag, type=recipe_value(field), metavar=meta["metavar"], help=help)
+
+
 def build_parser():
     from train.hardware import BACKENDS, PRECISIONS
-    from train.schedules import SCHEDULES
 
     p = argparse.ArgumentParser(prog="python -m train", description=trainer.__doc__.split("\n\n")[0])
     p.add_argument("--data", default=os.environ.get("CIFAR_DATA", trainer.DEFAULT_DATA),
@@ -38,18 +72,9 @@ def build_parser():
     add_renamed(p, "--keras-backend", "--backend", choices=BACKENDS, default="auto",
                    help="Keras backend: jax (TPUs, GPUs, CPU), tensorflow, or auto: $KERAS_BACKEND if set, "
                         "else jax on a TPU host and tensorflow elsewhere (default: %(default)s)")
-    p.add_argument("--epochs", type=positive_int, help="passes over the training set (default: the model's recipe)")
-    p.add_argument("--batch-size", type=positive_int,
-                   help="images per replica per step; the global batch is this times the replicas "
-                        "(default: the recipe's, 128 for seed_cnn as in the seed tutorial)")
-    p.add_argument("--learning-rate", type=float,
-                   help="peak learning rate (default: the recipe's, scaled to the global batch)")
-    p.add_argument("--schedule", choices=SCHEDULES, help="learning-rate schedule (default: the recipe's)")
-    p.add_argument("--augment", action=argparse.BooleanOptionalAction,
-                   help="random crop after padding (--crop-padding) and horizontal flip (default: the recipe's)")
-    p.add_argument("--crop-padding", type=int_at_least(0), metavar="PIXELS",
-                   help="with --augment: reflection padding before the random crop; 0 flips only (default: 4)")
-    p.add_argument("--label-smoothing", type=float, help="label smoothing, 0-1 (default: the recipe's)")
+    p.add_argument("--input-pipeline", choices=trainer.INPUT_PIPELINES, default="auto",
+                   help="how batches are made: tf.data, or numpy (train/arrays.py; jax only); auto: tf.data where "
+                        "TensorFlow is installed, else numpy. The manifest records the choice (default: %(default)s)")
     p.add_argument("--precision", choices=PRECISIONS, default="auto",
                    help="auto: bfloat16 on TPU and on CPUs with bf16 units, float16 on GPUs (default: %(default)s)")
     p.add_argument("--tpu", nargs="?", const="auto", default="auto",
@@ -70,7 +95,20 @@ def build_parser():
     p.add_argument("--seed", type=int, default=0, help="random seed (default: %(default)s)")
     p.add_argument("--overwrite", action="store_true", help="train again even if OUTPUT holds a finished run")
     p.add_argument("--quiet", action="store_true", help="no progress bar or summary lines")
+    add_recipe_flags(p)
     return p
+
+
+def config_from(args):
+    """The run's :class:`train.trainer.Config` from parsed flags: the recipe's flags given become its ``recipe`` changes."""
+    recipe_fields = {field.name for field in dataclasses.fields(Recipe)}
+    settings = {name: value for name, value in vars(args).items() if name not in recipe_fields and name != "quiet"}
+    return trainer.Config(
+        **settings,
+        recipe={name: getattr(args, name) for name in sorted(recipe_fields) if getattr(args, name) is not None},
+        # A progress bar on a terminal; one line per epoch in a log file.
+        verbose=0 if args.quiet else (1 if sys.stdout.isatty() else 2),
+    )
 
 
 def check_data(source):
@@ -92,17 +130,7 @@ def check_data(source):
 
 
 def main(argv=None):
-    args = build_parser().parse_args(argv)
-    config = trainer.Config(
-        data=args.data, output=args.output, model=args.model, keras_backend=args.keras_backend, epochs=args.epochs, batch_size=args.batch_size,
-        learning_rate=args.learning_rate, schedule=args.schedule, augment=args.augment,
-        crop_padding=args.crop_padding, label_smoothing=args.label_smoothing, precision=args.precision, tpu=args.tpu,
-        steps_per_execution=args.steps_per_execution, validation_freq=args.validation_freq,
-        profile_steps=args.profile_steps, seed=args.seed, holdout=args.holdout,
-        overwrite=args.overwrite,
-        # A progress bar on a terminal; one line per epoch in a log file.
-        verbose=0 if args.quiet else (1 if sys.stdout.isatty() else 2),
-    )
+    config = config_from(build_parser().parse_args(argv))
     try:
         check_data(config.data)
         trainer.run(config)

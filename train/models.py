@@ -32,6 +32,10 @@ from train.registry import (  # noqa: F401  (the registry's functions, as caller
 )
 
 INPUT_SHAPE = (IMAGE_SIZE, IMAGE_SIZE, CHANNELS)
+# CIFAR-10 per-channel pixel statistics (0-255 scale); fixed, so a model normalises its own raw input.
+CIFAR10_MEAN = (125.3, 123.0, 113.9)
+CIFAR10_STD = (63.0, 62.1, 66.7)
+
 
 def fingerprint_images(seed, count=8):
     """The seeded uint8 images whose outputs fingerprint a trained model (PCG64: stable across NumPy versions)."""
@@ -109,64 +113,3 @@ def seed_cnn(num_classes):
     outputs = _classifier_head(x, num_classes)
     return keras.Model(inputs, outputs, name="seed_cnn")
 
-
-# ResNet-9 in the spirit of the fast CIFAR-10 training records (Page's DAWNBench ResNet-9,
-# Keller Jordan's airbench): three conv-BN-ReLU stages that halve the resolution, two of them
-# followed by a residual block, a global max pool and a scaled linear classifier.
-# Widths are 0.75x Page's (64, 128, 256, 512): on a 2-core CPU in bfloat16 the full width
-# trains at ~130 images/s, this one at ~200 (measured; see docs/benchmarks.md).
-RESNET9_WIDTHS = (48, 96, 192, 384)  # channels of the prep layer and of the three stages
-RESNET9_LOGIT_SCALE = 0.125  # keeps early logits small, as in the records; learned weights make up the rest
-# CIFAR-10 per-channel pixel statistics (0-255 scale); fixed, so the model normalises its own raw input.
-CIFAR10_MEAN = (125.3, 123.0, 113.9)
-CIFAR10_STD = (63.0, 62.1, 66.7)
-
-RESNET9_RECIPE = Recipe(
-    optimizer="sgd",  # Nesterov momentum
-    learning_rate=0.2,  # peak rate per step at reference_batch (linear scaling)
-    reference_batch=512,  # images per step the peak rate is quoted for
-    lr_scaling="linear",
-    schedule="onecycle",  # linear warmup over warmup_fraction of the steps, then cosine decay to 0
-    warmup_fraction=0.25,  # of all steps
-    epochs=12,  # passes over the 50,000 training images
-    batch_size=512,  # images per replica per step
-    augment=True,  # 4-pixel reflect-pad random crop + horizontal flip
-    label_smoothing=0.2,  # of the target mass, spread evenly over the classes
-    weight_decay=5e-4,  # per step, times the learning rate (decoupled, like classic L2 under SGD)
-    momentum=0.9,
-)
-
-
-def _conv_bn(x, filters, name, pool=False):
-    x = layers.Conv2D(filters, 3, padding="same", use_bias=False, name=f"{name}_conv")(x)
-    if pool:
-        x = layers.MaxPooling2D(2, name=f"{name}_pool")(x)
-    x = layers.BatchNormalization(momentum=0.9, name=f"{name}_bn")(x)
-    return layers.ReLU(name=f"{name}_relu")(x)
-
-
-def _residual(x, filters, name):
-    y = _conv_bn(x, filters, f"{name}a")
-    y = _conv_bn(y, filters, f"{name}b")
-    return layers.Add(name=f"{name}_add")([x, y])
-
-
-@register("resnet9", RESNET9_RECIPE)
-def resnet9(num_classes):
-    """A compact residual network for 32x32 images (3.7 M parameters at these widths)."""
-    prep, c1, c2, c3 = RESNET9_WIDTHS
-    inputs = keras.Input(shape=INPUT_SHAPE, name="images")
-    x = layers.Normalization(
-        mean=CIFAR10_MEAN, variance=[s * s for s in CIFAR10_STD], name="normalize"
-    )(inputs)
-    x = _conv_bn(x, prep, "prep")
-    x = _conv_bn(x, c1, "layer1", pool=True)
-    x = _residual(x, c1, "res1")
-    x = _conv_bn(x, c2, "layer2", pool=True)
-    x = _conv_bn(x, c3, "layer3", pool=True)
-    x = _residual(x, c3, "res3")
-    x = layers.GlobalMaxPooling2D(name="global_pool")(x)
-    x = layers.Dense(num_classes, use_bias=False, name="logits")(x)
-    x = layers.Rescaling(RESNET9_LOGIT_SCALE, name="logit_scale")(x)
-    outputs = layers.Softmax(dtype="float32", name="probabilities")(x)
-    return keras.Model(inputs, outputs, name="resnet9")

@@ -1,4 +1,4 @@
-"""The registry of model builders and their training recipes, looked up by name.
+"""The registry of model builders and their training recipes (:class:`contract.recipe.Recipe`), looked up by name.
 
 Each model module registers its builders with :func:`register` when it is imported; the
 registry imports those modules itself (:data:`MODEL_MODULES`) the first time a name is looked
@@ -8,30 +8,12 @@ up, so no module has to import another at its bottom to fill it.
 import dataclasses
 import importlib
 
+from contract.recipe import Recipe
+
 #: The modules whose builders the registry holds; each registers its own when imported.
 MODEL_MODULES = ("train.models", "train.airbench")
 
 _REGISTRY = {}  # name -> _Registered
-
-
-@dataclasses.dataclass(frozen=True)
-class Recipe:
-    """A model's default training hyperparameters; every CLI flag can override them."""
-
-    optimizer: str = "adam"  # "adam", "sgd" (Keras's Nesterov SGD) or "sgd_pytorch" (the same in PyTorch's form)
-    learning_rate: float = 1e-3  # peak learning rate at reference_batch images per step
-    reference_batch: int = 128  # global batch the learning rate is quoted for, images
-    lr_scaling: str = "sqrt"  # how the rate follows the global batch: "sqrt" (Adam) or "linear" (SGD)
-    schedule: str = "constant"  # "constant", or "onecycle": linear warmup then cosine decay to ~0
-    warmup_fraction: float = 0.2  # one-cycle warmup, as a fraction of all steps
-    epochs: int = 50  # passes over the training set
-    batch_size: int = 128  # images per replica per step
-    augment: bool = False  # random crop after padding, and horizontal flip
-    alternate_flips: bool = False  # with augment: each image mirrored in every other epoch, not at random
-    crop_padding: int = 4  # pixels of reflection padding before the random crop; 0: flip only
-    label_smoothing: float = 0.0  # fraction of target mass spread over all classes
-    weight_decay: float = 0.0  # decoupled weight decay per step, multiplied by the learning rate
-    momentum: float = 0.9  # SGD only
 
 
 def register(name, recipe=Recipe(), prepare=None, callbacks=None):

@@ -1,15 +1,14 @@
-"""Optimizers and learning-rate schedules for a recipe (train.models.Recipe).
+"""Optimizers and learning-rate schedules for a recipe (contract.recipe.Recipe).
 
 Typical usage::
 
     optimizer = schedules.optimizer(recipe, learning_rate=0.1, schedule="onecycle", total_steps=4000)
 
-Keras is imported inside the functions: the training CLI reads :data:`SCHEDULES` before it has
-chosen the Keras backend.
+Keras is imported inside the functions: the training CLI imports this module's callers before it
+has chosen the Keras backend.
 """
 
-SCHEDULES = ("constant", "onecycle", "triangle")
-OPTIMIZERS = ("adam", "sgd", "sgd_pytorch")
+from contract.recipe import OPTIMIZERS, SCHEDULES
 
 
 def scaled_rate(recipe, global_batch):

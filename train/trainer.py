@@ -7,7 +7,8 @@ Typical usage::
 
 The same registered models and recipes train under either Keras backend: JAX (what TPUs
 run today; data parallel over every local device) or TensorFlow (tf.distribute strategies).
-The input pipeline is tf.data on the host for both. Everything goes under ``--output DIR``:
+The input pipeline is tf.data on the host for both, or NumPy batches where JAX trains without
+TensorFlow (``--input-pipeline``, decided once at start and recorded in the manifest). Everything goes under ``--output DIR``:
 
 * ``model.weights.h5`` - the trained weights, float32, copied to the host (backend-neutral:
   export loads them under TensorFlow whichever backend trained);
@@ -26,11 +27,11 @@ import contextlib
 import dataclasses
 import os
 import shutil
-import sys
 import time
 
 from contract import MANIFEST_FILE, WEIGHTS_FILE
 from contract import manifest as manifests
+from contract.recipe import Recipe
 
 DEFAULT_DATA = "cifar10"
 DEFAULT_OUTPUT = "runs/latest"
@@ -44,17 +45,15 @@ class UsageError(Exception):
 
 @dataclasses.dataclass
 class Config:
+    """One run: which model on which data, on what hardware; ``recipe`` changes the model's hyperparameters."""
+
     data: str = DEFAULT_DATA
     output: str = DEFAULT_OUTPUT
     model: str = DEFAULT_MODEL
+    #: Fields of the model's :class:`contract.recipe.Recipe` this run changes, by name ({"epochs": 1}).
+    recipe: dict = dataclasses.field(default_factory=dict)
     keras_backend: str = "auto"  # "jax", "tensorflow", or "auto" (see train.hardware.pick_backend)
-    epochs: int = None  # None: the model's recipe
-    batch_size: int = None  # per replica; None: the recipe's (128 for seed_cnn, as the seed tutorial)
-    learning_rate: float = None  # None: the recipe's rate, scaled to the global batch
-    schedule: str = None
-    augment: bool = None
-    crop_padding: int = None
-    label_smoothing: float = None
+    input_pipeline: str = "auto"  # one of INPUT_PIPELINES: "auto" is tf.data where TensorFlow imports, else numpy
     precision: str = "auto"
     tpu: str = "auto"
     steps_per_execution: int = None  # None: 32 on TPU, 1 elsewhere
@@ -66,21 +65,21 @@ class Config:
     verbose: int = 1
 
 
-@dataclasses.dataclass
-class Plan:
-    """The resolved settings of one run: the recipe, then the flags, then the hardware."""
+#: How batches are made: tf.data (train.data) or NumPy (train.arrays, for JAX without TensorFlow).
+INPUT_PIPELINES = ("auto", "tf.data", "numpy")
 
-    epochs: int
-    batch_size: int  # per replica
-    global_batch: int
+
+@dataclasses.dataclass(frozen=True)
+class Plan:
+    """The resolved settings of one run: the model's recipe with the run's changes, then the hardware."""
+
+    recipe: Recipe
+    global_batch: int  # recipe.batch_size times the replicas
     steps_per_epoch: int
-    learning_rate: float
-    schedule: str
-    augment: bool
-    crop_padding: int
-    label_smoothing: float
+    learning_rate: float  # the recipe's peak rate, scaled to global_batch
     precision: str
     steps_per_execution: int
+    input_pipeline: str  # "tf.data" or "numpy", decided once, before the model is built
 
 
 def run(config, strategy=None, splits=None):
@@ -110,19 +109,19 @@ def run(config, strategy=None, splits=None):
     from train import data, handover, quiet
 
     with quiet.native_startup():
-        _load_tensorflow(backend)  # while its start-up noise is filtered
+        input_pipeline = _input_pipeline(config.input_pipeline, backend)  # imports TensorFlow for tf.data
         from train import models
 
         try:
-            recipe = models.recipe(config.model)
+            recipe = _recipe(models.recipe(config.model), config.recipe)
             placement = _place(backend, config.tpu, strategy)
-        except (ValueError, hardware.AcceleratorError) as exc:  # an unknown model; an absent TPU
+        except (ValueError, hardware.AcceleratorError) as exc:  # an unknown model or field; an absent TPU
             raise UsageError(str(exc)) from None
     try:
         if splits is None:
             splits = data.load(config.data)
         splits, held_out = data.hold_out(splits, config.holdout)
-        plan = _plan(config, recipe, placement, len(splits.x_train))
+        plan = _plan(config, recipe, placement, len(splits.x_train), input_pipeline)
     except (hardware.AcceleratorError, data.DataError) as exc:
         raise UsageError(str(exc)) from None
     # Only the chief writes: the run, its logs and the backup every process resumes from.
@@ -137,9 +136,9 @@ def run(config, strategy=None, splits=None):
         _say(config, placement.note)
     _say(config, f"backend={backend} strategy={placement.name} hardware={placement.hardware} "
                  f"replicas={placement.replicas} global_batch={plan.global_batch} precision={plan.precision} "
-                 f"model={config.model} epochs={plan.epochs} lr={plan.learning_rate:.4g} schedule={plan.schedule} "
-                 f"augment={_describe_augmentation(plan.augment, plan.crop_padding, recipe.alternate_flips)} "
-                 f"steps_per_execution={plan.steps_per_execution}")
+                 f"model={config.model} epochs={recipe.epochs} lr={plan.learning_rate:.4g} schedule={recipe.schedule} "
+                 f"augment={_describe_augmentation(recipe.augment, recipe.crop_padding, recipe.alternate_flips)} "
+                 f"steps_per_execution={plan.steps_per_execution} input_pipeline={plan.input_pipeline}")
 
     if config.overwrite and placement.chief and os.path.exists(manifest_path):
         # Train a finished run again from scratch. An interrupted one (no manifest yet)
@@ -149,30 +148,47 @@ def run(config, strategy=None, splits=None):
             if os.path.exists(os.path.join(workdir, stale)):
                 os.remove(os.path.join(workdir, stale))
 
-    model, wall_time = _fit(config, recipe, plan, placement, splits, workdir)
+    model, wall_time = _fit(config, plan, placement, splits, workdir)
     if not placement.chief:
         return None
     # Under JAX, outside the distribution: Keras makes a variable while saving, which would otherwise
     # be laid out over every process's devices (a collective the other processes are not in).
     with placement.host() if placement.backend == "jax" else contextlib.nullcontext():
         handover.save_weights_atomically(model, os.path.join(output, WEIGHTS_FILE))
-    manifest = handover.hand_over(config, recipe, plan, placement, splits, output, wall_time, held_out)
+    manifest = handover.hand_over(config, plan, placement, splits, output, wall_time, held_out)
     _say(config, f"test accuracy {manifest.metrics.test_accuracy:.4f} on {manifest.metrics.test_images} "
                  f"images; weights and manifest in {output}")
     return manifest.to_dict()
 
 
-def _load_tensorflow(backend):
-    """Import TensorFlow for tf.data; without it JAX trains on train.arrays' NumPy batches."""
+def _recipe(recipe, changes):
+    """``recipe`` with the run's ``changes`` (field name to value); raises ValueError naming a bad one."""
+    unknown = sorted(set(changes) - {field.name for field in dataclasses.fields(Recipe)})
+    if unknown:
+        raise ValueError(f"the recipe has no field {', '.join(unknown)}")
+    return dataclasses.replace(recipe, **changes)
+
+
+def _input_pipeline(requested, backend):
+    """The run's input pipeline, decided once: "tf.data" (importing TensorFlow) or "numpy" (train.arrays)."""
+    if requested not in INPUT_PIPELINES:
+        raise UsageError(f"input pipeline {requested!r} is not one of {', '.join(INPUT_PIPELINES)}")
+    if requested == "numpy":
+        if backend == "tensorflow":
+            raise UsageError("the tensorflow backend trains on tf.data; --input-pipeline numpy is for jax")
+        return "numpy"
     try:
         import tensorflow as tf
     except ImportError:
         if backend == "tensorflow":
             raise
-        return
+        if requested == "tf.data":
+            raise UsageError("--input-pipeline tf.data needs TensorFlow, which this environment lacks") from None
+        return "numpy"
     if backend != "tensorflow":
         # tf.data only feeds the host; keep TensorFlow off the accelerators JAX is using.
         tf.config.set_visible_devices([], "GPU")
+    return "tf.data"
 
 
 def _choose_backend(config, strategy):
@@ -205,44 +221,40 @@ def _place(backend, tpu, strategy):
     return tf_devices.placement(tpu, strategy)
 
 
-def _plan(config, recipe, placement, train_images):
+def _plan(config, recipe, placement, train_images, input_pipeline="tf.data"):
     from train import hardware, schedules
 
-    batch_size = config.batch_size or recipe.batch_size
-    global_batch = batch_size * placement.replicas
+    global_batch = recipe.batch_size * placement.replicas
     steps_per_epoch = train_images // global_batch
     if steps_per_epoch < 1:
         raise UsageError(f"{train_images} training images are fewer than one global batch of {global_batch}")
     return Plan(
-        epochs=config.epochs or recipe.epochs,
-        batch_size=batch_size,
+        recipe=recipe,
         global_batch=global_batch,
         steps_per_epoch=steps_per_epoch,
-        learning_rate=config.learning_rate or schedules.scaled_rate(recipe, global_batch),
-        schedule=config.schedule or recipe.schedule,
-        augment=recipe.augment if config.augment is None else config.augment,
-        crop_padding=recipe.crop_padding if config.crop_padding is None else config.crop_padding,
-        label_smoothing=recipe.label_smoothing if config.label_smoothing is None else config.label_smoothing,
+        learning_rate=schedules.scaled_rate(recipe, global_batch),
         precision=hardware.resolve_precision(config.precision, placement.hardware),
         steps_per_execution=config.steps_per_execution
         or (TPU_STEPS_PER_EXECUTION if placement.hardware == "tpu" else 1),
+        input_pipeline=input_pipeline,
     )
 
 
-def _fit(config, recipe, plan, placement, splits, workdir):
+def _fit(config, plan, placement, splits, workdir):
     """Build, compile and fit under ``placement``; returns the model and the wall time in seconds."""
     import keras
 
     from train import models, schedules
 
+    recipe = plan.recipe
     keras.utils.set_random_seed(config.seed)
-    one_hot = plan.label_smoothing > 0
+    one_hot = recipe.label_smoothing > 0
     num_classes = splits.num_classes
     labels = num_classes if one_hot else None
-    pipelines = _pipelines()
+    pipelines = _pipelines(plan.input_pipeline)
     shard = _shard(placement)  # several processes: each feeds its own part of every global batch
-    train_ds = pipelines.train_dataset(splits.x_train, splits.y_train, plan.global_batch, plan.augment,
-                                       seed=config.seed, crop_padding=plan.crop_padding, num_classes=labels,
+    train_ds = pipelines.train_dataset(splits.x_train, splits.y_train, plan.global_batch, recipe.augment,
+                                       seed=config.seed, crop_padding=recipe.crop_padding, num_classes=labels,
                                        alternate_flips=recipe.alternate_flips, shard=shard)
     val_ds = pipelines.eval_dataset(splits.x_test, splits.y_test, plan.global_batch, num_classes=labels, shard=shard)
 
@@ -254,9 +266,9 @@ def _fit(config, recipe, plan, placement, splits, workdir):
             started = time.monotonic()
             models.prepare(config.model, model, splits.x_train)  # data-dependent initialisation, if any
             model.compile(
-                optimizer=schedules.optimizer(recipe, plan.learning_rate, plan.schedule,
-                                              plan.epochs * plan.steps_per_epoch),
-                loss=(keras.losses.CategoricalCrossentropy(label_smoothing=plan.label_smoothing) if one_hot
+                optimizer=schedules.optimizer(recipe, plan.learning_rate, recipe.schedule,
+                                              recipe.epochs * plan.steps_per_epoch),
+                loss=(keras.losses.CategoricalCrossentropy(label_smoothing=recipe.label_smoothing) if one_hot
                       else keras.losses.SparseCategoricalCrossentropy()),
                 # Weighted, so the zero-weight padding of the last evaluation batch never counts.
                 weighted_metrics=["accuracy"],
@@ -264,14 +276,14 @@ def _fit(config, recipe, plan, placement, splits, workdir):
             )
         model.fit(
             train_ds,
-            epochs=plan.epochs,
+            epochs=recipe.epochs,
             steps_per_epoch=plan.steps_per_epoch,
             validation_data=val_ds,
             validation_freq=config.validation_freq,
             shuffle=False,  # the dataset shuffles itself
             # The recipe's own first: they change the weights, which the others then save and log.
-            callbacks=models.training_callbacks(config.model, plan.epochs * plan.steps_per_epoch)
-            + _callbacks(config, placement, workdir),
+            callbacks=models.training_callbacks(config.model, recipe.epochs * plan.steps_per_epoch)
+            + _callbacks(config, plan, placement, workdir),
             verbose=config.verbose,
         )
         return model, time.monotonic() - started
@@ -279,9 +291,9 @@ def _fit(config, recipe, plan, placement, splits, workdir):
         keras.mixed_precision.set_global_policy(previous_policy)
 
 
-def _pipelines():
-    """tf.data where TensorFlow is loaded (every TensorFlow run, and JAX beside it); else NumPy."""
-    if "tensorflow" in sys.modules:
+def _pipelines(input_pipeline):
+    """The module that makes the run's batches: train.data (tf.data) or train.arrays (NumPy)."""
+    if input_pipeline == "tf.data":
         from train import data
 
         return data
@@ -299,7 +311,7 @@ def _shard(placement):
     return jax_devices.shard()
 
 
-def _callbacks(config, placement, workdir):
+def _callbacks(config, plan, placement, workdir):
     import keras
 
     from train import report
@@ -317,7 +329,7 @@ def _callbacks(config, placement, workdir):
     if not placement.chief:
         return callbacks  # only the chief writes the run
     callbacks.append(keras.callbacks.CSVLogger(os.path.join(workdir, "history.csv"), append=True))
-    if "tensorflow" in sys.modules:  # Keras writes TensorBoard summaries through tf.summary
+    if plan.input_pipeline == "tf.data":  # TensorFlow is loaded, and Keras writes TensorBoard summaries with it
         callbacks.append(keras.callbacks.TensorBoard(logs, profile_batch=tensorboard_profile or 0))
     if config.profile_steps and placement.backend == "jax":
         from train import jax_devices

@@ -199,8 +199,8 @@ def test_a_run_without_a_held_out_slice_exports_its_score_but_no_verdict(tmp_pat
         assert version == "1" and OUTPUT_IN_DISTRIBUTION in names
 
         run = tmp_path / "run"
-        trainer.run(trainer.Config(output=str(run), epochs=1, batch_size=32, precision="float32", tpu="none",
-                                   verbose=0, augment=False), splits=splits)
+        trainer.run(trainer.Config(output=str(run), recipe=dict(epochs=1, batch_size=32, augment=False),
+                                   precision="float32", tpu="none", verbose=0), splits=splits)
         exported = exporter.run(run_dir=str(run), model_dir=str(tmp_path / "models"), name="cifar10", verbose=0)
         with open(f"{exported}/{ASSETS_EXTRA}/{MANIFEST_FILE}") as f:
             section = json.load(f)["confidence"]

@@ -343,7 +343,7 @@ def _retrained_weights(run):
         (_edit_manifest(_shifted_fingerprint), "max absolute difference 0.001"),
         (_retrained_weights, "sha256 differs"),
         (_no_samples, f"no {SAMPLES_FILE} in"),
-        (_older_format, "has manifest format 2, not 3: it was made by an older version of this pipeline; rebuild it "
+        (_older_format, "has manifest format 2, not 4: it was made by an older version of this pipeline; rebuild it "
                         "with python -m train --output RUN --overwrite, then python -m export --run RUN"),
     ],
     ids=["no-manifest", "no-weights", "corrupt-weights", "other-architecture", "other-class-count",

@@ -111,7 +111,7 @@ def test_the_int8_model_keeps_the_head_and_the_chosen_layers_in_float(model_base
 
 def test_the_gate_refuses_an_int8_model_calibrated_on_constant_images(trained_run, tmp_path, capsys):
     from contract import sha256_file
-    from export import exporter
+    from export import exporter, litert
 
     run = copy_run(trained_run, tmp_path / "run")
     with np.load(run / contract.SAMPLES_FILE) as data:
@@ -127,14 +127,31 @@ def test_the_gate_refuses_an_int8_model_calibrated_on_constant_images(trained_ru
     version = exporter.run(run_dir=str(run), model_dir=str(tmp_path / "models"), name="cifar10", verbose=0)
     report = published(Path(version)).runtimes
     assert report["litert-int8"].published is False
-    assert "gate" in report["litert-int8"].reason and report["litert-int8"].agreement < 0.985
+    refused = report["litert-int8"]
+    assert refused.agreement < litert.AGREEMENT_GATE
+    assert refused.reason == litert.int8_refusal(refused.agreement, refused.images)
     assert not os.path.exists(os.path.join(version, contract.LITERT_INT8_FILE))
     # The rest is published as usual.
     assert report["litert"].published is True
     assert os.path.isfile(os.path.join(version, contract.LITERT_FILE))
     assert os.path.isfile(os.path.join(version, "saved_model.pb"))
-    err = capsys.readouterr().err
-    assert f"{contract.LITERT_INT8_FILE} (litert-int8) not published" in err and "gate" in err
+    (line,) = [line for line in capsys.readouterr().err.splitlines() if contract.LITERT_INT8_FILE in line]
+    assert line == f"warning: {contract.LITERT_INT8_FILE} (litert-int8) not published: {refused.reason}"
+    assert f"{refused.agreement:.2%} of {refused.images} test images" in line and "under the 99.0% gate" in line
+
+
+@pytest.mark.parametrize("agreeing, images, published", [
+    (1000, 1000, True), (990, 1000, True),  # the serving target, met exactly
+    (989, 1000, False), (47, 48, False),  # one image under it; one of a small sample
+])
+def test_the_int8_gate_is_the_99_percent_target(agreeing, images, published):
+    from export import litert
+
+    reason = litert.int8_refusal(agreeing / images, images)
+    assert (reason is None) == published
+    if not published:
+        assert reason == (f"it gives the SavedModel's class on {agreeing / images:.2%} of {images} test images, "
+                          "under the 99.0% gate")
 
 
 def test_a_run_whose_samples_are_not_the_manifests_is_refused(trained_run, tmp_path, capsys):

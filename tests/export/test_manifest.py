@@ -7,6 +7,8 @@ import pytest
 
 from contract import MANIFEST_FILE
 from contract import manifest as manifests
+from contract.recipe import Recipe
+from train import models
 
 
 def _raw(trained_run):
@@ -16,10 +18,15 @@ def _raw(trained_run):
 def test_a_training_run_round_trips_unchanged(trained_run, tmp_path):
     raw = _raw(trained_run)
     manifest = manifests.read(str(trained_run / MANIFEST_FILE))
-    assert manifest.format == manifests.FORMAT == 3
+    assert manifest.format == manifests.FORMAT == 4
     assert manifest.to_dict() == raw
     assert manifest.model.name == "seed_cnn" and manifest.num_classes == 3
     assert manifest.training.keras_backend == "tensorflow" and "backend" not in raw["training"]
+    assert manifest.training.input_pipeline == "tf.data"
+    # The whole recipe the run trained with, typed: the model's, with the run's changes (tests/conftest.py).
+    assert isinstance(manifest.training.recipe, Recipe)
+    assert manifest.training.recipe == dataclasses.replace(
+        models.recipe("seed_cnn"), epochs=4, batch_size=16, schedule="constant", augment=False, label_smoothing=0.0)
     assert manifest.samples.file == "samples.npz" and manifest.samples.test == 48
     path = tmp_path / MANIFEST_FILE
     manifests.write(str(path), manifest)
@@ -56,7 +63,7 @@ def test_sections_this_code_does_not_know_are_refused(trained_run):
         manifests.Manifest.from_dict(raw)
 
 
-@pytest.mark.parametrize("older", [1, 2])
+@pytest.mark.parametrize("older", [1, 2, 3])
 def test_an_older_format_is_refused_with_the_commands_that_rebuild_it(trained_run, tmp_path, older):
     raw = _raw(trained_run)
     raw["format"] = older
@@ -65,7 +72,7 @@ def test_an_older_format_is_refused_with_the_commands_that_rebuild_it(trained_ru
     with pytest.raises(manifests.FormatError) as error:
         manifests.read(str(path))
     message = str(error.value)
-    assert message.startswith(f"{path} has manifest format {older}, not 3")
+    assert message.startswith(f"{path} has manifest format {older}, not 4")
     assert "python -m train --output RUN --overwrite, then python -m export --run RUN" in message and "\n" not in message
 
 
@@ -98,12 +105,16 @@ def _short_fingerprint(raw):
     raw["fingerprint"]["outputs"] = raw["fingerprint"]["outputs"][:3]
 
 
+def _bad_recipe(raw):
+    raw["training"]["recipe"]["schedule"] = "cosine"
+
+
 def _wrong_type(raw):
     raw["metrics"]["test_images"] = "many"
 
 
 @pytest.mark.parametrize("edit, message", [
-    (_set("format", 4), "has manifest format 4; this version reads format 3 (upgrade the pipeline)"),
+    (_set("format", 5), "has manifest format 5; this version reads format 4 (upgrade the pipeline)"),
     (_drop("format"), "has manifest format None"),
     (_drop("fingerprint"), "lacks field 'fingerprint'"),
     (_drop("samples"), "lacks field 'samples'"),
@@ -111,9 +122,10 @@ def _wrong_type(raw):
     (_set("num_classes", 5), "lists 3 class names for 5 classes"),
     (_set("model", "seed_cnn"), "section 'model' is not an object"),
     (_wrong_type, "field 'metrics.test_images' should be an integer, not \"many\""),
+    (_bad_recipe, "section 'training.recipe': recipe schedule: 'cosine' is not one of constant, onecycle, triangle"),
     (_short_fingerprint, "fingerprint's outputs do not match its image shape"),
 ], ids=["newer", "no-format", "no-fingerprint", "no-samples", "no-sha256", "class-count", "model-not-object",
-        "wrong-type", "short-fingerprint"])
+        "wrong-type", "bad-recipe", "short-fingerprint"])
 def test_a_broken_or_newer_manifest_is_one_clear_line(trained_run, tmp_path, edit, message):
     raw = _raw(trained_run)
     edit(raw)
@@ -126,6 +138,6 @@ def test_a_broken_or_newer_manifest_is_one_clear_line(trained_run, tmp_path, edi
 
 def test_a_truncated_file_names_the_file(tmp_path):
     path = tmp_path / MANIFEST_FILE
-    path.write_text('{"format": 3, "model": {')
+    path.write_text('{"format": 4, "model": {')
     with pytest.raises(manifests.ManifestError, match=f"cannot read {path}"):
         manifests.read(str(path))

@@ -114,7 +114,7 @@ def test_a_version_in_an_older_manifest_format_is_refused_with_the_commands_that
         ready = client.get("/readyz")
         assert ready.status_code == 503
         error = ready.get_json()["error"]
-        assert "version 2 is refused" in error and "manifest format 2, not 3" in error
+        assert "version 2 is refused" in error and "manifest format 2, not 4" in error
         assert manifests.REBUILD in error and "\n" not in error
         assert client.get("/api/v1/model").status_code == 503  # never served without its manifest's facts
     finally:

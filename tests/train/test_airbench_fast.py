@@ -37,8 +37,8 @@ def test_the_fast_recipe_is_airbenchs_but_for_the_epochs():
     assert dataclasses.replace(fast, epochs=full.epochs) == full
     plan = trainer._plan(trainer.Config(model="airbench_fast", precision="float32"), fast,
                          Placement("tensorflow", "test", "cpu", replicas=1), 45_000)
-    assert (plan.epochs, plan.global_batch, plan.schedule, plan.learning_rate) == (fast.epochs, 1024, "triangle", 1.5)
-    callbacks = models.training_callbacks("airbench_fast", plan.epochs * plan.steps_per_epoch)
+    assert (plan.recipe, plan.global_batch, plan.learning_rate) == (fast, 1024, 1.5)
+    callbacks = models.training_callbacks("airbench_fast", fast.epochs * plan.steps_per_epoch)
     assert {type(c) for c in callbacks} == {airbench.HoldFrom, airbench.Lookahead}
 
 
@@ -47,11 +47,11 @@ def test_a_tiny_run_of_airbench_fast_exports_by_its_name(tmp_path):
 
     splits = synthetic.make_splits(train_per_class=16, test_per_class=4)  # 48 training images: 3 steps of 16
     run = tmp_path / "run"
-    trainer.run(trainer.Config(model="airbench_fast", output=str(run), epochs=1, batch_size=16, precision="float32",
+    trainer.run(trainer.Config(model="airbench_fast", output=str(run), recipe=dict(epochs=1, batch_size=16), precision="float32",
                                holdout=0, verbose=0), splits=splits)
     manifest = json.loads((run / MANIFEST_FILE).read_text())
     assert manifest["model"]["name"] == "airbench_fast"
-    assert manifest["training"]["epochs"] == 1 and manifest["training"]["alternate_flips"]
+    assert manifest["training"]["recipe"]["epochs"] == 1 and manifest["training"]["recipe"]["alternate_flips"]
     # The weights file carries the data's whitening, as airbench's does.
     fresh, expected = models.build_model("airbench_fast", 3), models.build_model("airbench_fast", 3)
     models.prepare("airbench_fast", expected, splits.x_train)

@@ -60,7 +60,7 @@ def test_jax_run_learns_data_parallel_over_every_device(jax_run):
     manifest = json.loads((output / MANIFEST_FILE).read_text())
     training = manifest["training"]
     assert (training["keras_backend"], training["strategy"], training["replicas"]) == ("jax", "DataParallel", HOST_DEVICES)
-    assert training["global_batch"] == 8 * HOST_DEVICES
+    assert training["global_batch"] == 8 * HOST_DEVICES and training["input_pipeline"] == "tf.data"
     assert manifest["metrics"]["test_accuracy"] > 0.8  # three classes: chance is 0.33
     assert "jax" in manifest["versions"]
     for path in ("eval/metrics.json", "history.csv", "curves.png", WEIGHTS_FILE, SAMPLES_FILE):
@@ -153,6 +153,7 @@ def test_jax_trains_where_tensorflow_cannot_be_imported_and_tensorflow_exports_i
     assert "no tensorflow on this runtime" not in result.stderr
     manifest = json.loads((output / MANIFEST_FILE).read_text())
     assert "tensorflow" not in manifest["versions"] and manifest["training"]["replicas"] == HOST_DEVICES
+    assert manifest["training"]["input_pipeline"] == "numpy"
     assert manifest["metrics"]["test_accuracy"] > 0.6  # three classes: chance is 0.33
     assert not (output / "logs").exists() or not list((output / "logs").rglob("events.out.tfevents*"))
     exporter.run(run_dir=str(output), model_dir=str(tmp_path / "models"), name="cifar10", verbose=0)  # fingerprint

@@ -118,8 +118,8 @@ def test_two_processes_keep_identical_weights_after_every_epoch_and_only_process
     manifest = json.loads((output / MANIFEST_FILE).read_text())
     training = manifest["training"]
     assert (training["keras_backend"], training["strategy"], training["replicas"]) == ("jax", "DataParallel", 4)
-    assert (training["global_batch"], training["batch_size_per_replica"]) == (GLOBAL_BATCH, 4)
-    assert (training["epochs"], training["steps_per_epoch"]) == (EPOCHS, 96 // GLOBAL_BATCH)
+    assert (training["global_batch"], training["recipe"]["batch_size"]) == (GLOBAL_BATCH, 4)
+    assert (training["recipe"]["epochs"], training["steps_per_epoch"]) == (EPOCHS, 96 // GLOBAL_BATCH)
     assert [int(row["epoch"]) for row in history(output)] == list(range(EPOCHS))
     assert manifest["metrics"]["test_accuracy"] > 0.6  # three classes: chance is 0.33
     # Process 0 wrote the run; the other process wrote nothing beside it or inside it.
@@ -139,7 +139,7 @@ def test_two_processes_train_as_one_process_with_the_same_global_batch(pair_run,
     single_manifest = json.loads((single / MANIFEST_FILE).read_text())
     assert single_manifest["training"]["replicas"] == 1
     assert single_manifest["training"]["global_batch"] == pair_manifest["training"]["global_batch"] == GLOBAL_BATCH
-    assert single_manifest["training"]["learning_rate"] == pair_manifest["training"]["learning_rate"]
+    assert single_manifest["training"]["peak_learning_rate"] == pair_manifest["training"]["peak_learning_rate"]
     # 24 test images: one image is 0.042.
     assert abs(pair_manifest["metrics"]["test_accuracy"] - single_manifest["metrics"]["test_accuracy"]) <= 0.05
 
@@ -177,7 +177,7 @@ def test_a_killed_process_and_a_restart_of_both_resume_from_the_last_finished_ep
     assert [sha for _, sha, _ in zero] == [sha for _, sha, _ in one]
     assert [int(row["epoch"]) for row in history(output)] == [0, 1, 2]
     manifest = json.loads((output / MANIFEST_FILE).read_text())
-    assert manifest["training"]["epochs"] == EPOCHS and manifest["metrics"]["test_accuracy"] > 0.6
+    assert manifest["training"]["recipe"]["epochs"] == EPOCHS and manifest["metrics"]["test_accuracy"] > 0.6
     assert (output / WEIGHTS_FILE).exists() and not (output / "backup").exists()
 
 

@@ -68,7 +68,7 @@ def test_every_cell_runs_on_the_cpu_and_trains_with_jax(executed):
     nb, run_dir = executed
     manifest = json.loads((run_dir / "manifest.json").read_text())
     assert manifest["training"]["keras_backend"] == "jax"
-    assert manifest["training"]["batch_size_per_replica"] == 128
+    assert manifest["training"]["recipe"]["batch_size"] == 128
     assert manifest["training"]["global_batch"] == 128 * manifest["training"]["replicas"]
     assert (run_dir / "model.weights.h5").exists()
     assert os.path.exists(f"{run_dir}-files.zip")

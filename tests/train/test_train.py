@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 import synthetic
-from contract import MANIFEST_FILE, WEIGHTS_FILE
+from contract import MANIFEST_FILE, SAMPLES_FILE, WEIGHTS_FILE
 from train import cli, data, hardware, models, report, tf_devices, trainer
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -61,7 +61,7 @@ def test_output_stays_float32_under_mixed_precision():
 
 
 def test_unknown_model_names_the_known_ones():
-    with pytest.raises(ValueError, match="known models: airbench, airbench_fast, resnet9, seed_cnn"):
+    with pytest.raises(ValueError, match="known models: airbench, airbench_fast, seed_cnn"):
         models.build_model("vgg", num_classes=10)
 
 
@@ -278,7 +278,7 @@ def test_run_directory_holds_everything_export_needs(trained_run, splits):
     assert manifest["model"] == {"name": "seed_cnn", "kwargs": {}}
     assert manifest["class_names"] == list(synthetic.CLASS_NAMES)
     assert manifest["input"]["dtype"] == "uint8" and manifest["input"]["shape"] == [32, 32, 3]
-    assert manifest["training"]["epochs"] == 4 and manifest["training"]["global_batch"] == 16
+    assert manifest["training"]["recipe"]["epochs"] == 4 and manifest["training"]["global_batch"] == 16
     assert set(manifest["versions"]) >= {"tensorflow", "keras", "python"}
     for path in ("eval/metrics.json", "eval/confusion.png", "history.csv", "curves.png", "logs", WEIGHTS_FILE):
         assert (trained_run / path).exists(), path
@@ -288,6 +288,28 @@ def test_run_directory_holds_everything_export_needs(trained_run, splits):
     metrics = json.loads((trained_run / "eval" / "metrics.json").read_text())
     assert np.asarray(metrics["confusion_matrix"]).sum() == len(splits.x_test)
     assert set(metrics["per_class_accuracy"]) == set(synthetic.CLASS_NAMES)
+
+
+def test_the_samples_hold_every_test_image_up_to_1000_for_exports_int8_gate(trained_run, splits, tmp_path):
+    from train import handover
+
+    with np.load(trained_run / SAMPLES_FILE) as sample:
+        np.testing.assert_array_equal(sample["test_images"], splits.x_test)  # 48: every one
+        np.testing.assert_array_equal(sample["test_labels"], splits.y_test)
+
+    def numbered(count):  # image i carries i in its first two bytes, so a sample shows which it holds
+        images = np.zeros((count, 32, 32, 3), np.uint8)
+        images[:, 0, 0, 0], images[:, 0, 0, 1] = np.arange(count) % 256, np.arange(count) // 256
+        return images, np.arange(count) % 3
+
+    large = data.Splits(*numbered(1_200), *numbered(1_500), list(synthetic.CLASS_NAMES), "synthetic")
+    recorded = handover.write_samples(large, str(tmp_path / SAMPLES_FILE), seed=0)
+    assert (recorded.train, recorded.test) == (500, 1_000)
+    with np.load(tmp_path / SAMPLES_FILE) as sample:
+        for split, count in (("train", 500), ("test", 1_000)):
+            corner = sample[f"{split}_images"][:, 0, 0].astype(int)
+            ids = corner[:, 0] + 256 * corner[:, 1]
+            assert len(set(ids.tolist())) == count and np.array_equal(sample[f"{split}_labels"], ids % 3)
 
 
 def test_weights_reproduce_the_fingerprint(trained_run):
@@ -316,7 +338,7 @@ def test_a_run_in_an_older_manifest_format_is_refused_with_the_commands_that_reb
     (output / MANIFEST_FILE).write_text(json.dumps({"format": 2, "model": {"name": "seed_cnn"}}))
     assert cli.main(["--output", str(output), "--tpu", "none"]) == 2
     err = capsys.readouterr().err
-    assert err.count("\n") == 1 and "has manifest format 2, not 3" in err and manifests.REBUILD in err
+    assert err.count("\n") == 1 and "has manifest format 2, not 4" in err and manifests.REBUILD in err
     assert "pass --overwrite to train again" not in err  # the rebuild command already says it
 
 
@@ -375,7 +397,7 @@ def test_killed_run_resumes_at_the_next_epoch(tmp_path, backend):
     assert finished == 2
     assert epochs_run and epochs_run[0] in ("3/4", "4/4") and epochs_run[-1] == "4/4"
     manifest = json.loads((output / MANIFEST_FILE).read_text())
-    assert manifest["training"]["epochs"] == 4 and manifest["training"]["keras_backend"] == backend
+    assert manifest["training"]["recipe"]["epochs"] == 4 and manifest["training"]["keras_backend"] == backend
     assert [r["epoch"] for r in report.read_history(str(output / "history.csv"))] == [0, 1, 2, 3]
 
 
@@ -460,18 +482,86 @@ def test_offline_download_is_one_line_exit_2_and_leaves_no_poisoned_cache(tmp_pa
     assert not list(offline_keras_cache.glob("*_archive")), "no partial archive is left to poison the next run"
 
 
+def test_every_recipe_field_is_a_flag_and_every_flag_a_recipe_or_run_setting():
+    """The flags are made from the fields, so the two cannot drift: a new field is a new flag, with its help and unit."""
+    import dataclasses
+
+    from contract.recipe import Recipe
+
+    parser = cli.build_parser()
+    options = {action.dest: action for action in parser._actions if action.option_strings and action.dest != "help"}
+    recipe_fields = {field.name: field for field in dataclasses.fields(Recipe)}
+    run_fields = {field.name for field in dataclasses.fields(trainer.Config)}
+    assert set(recipe_fields) <= set(options)
+    assert set(options) - set(recipe_fields) - {"quiet"} == run_fields - {"recipe", "verbose"}
+    for name, field in recipe_fields.items():
+        action = options[name]
+        assert action.option_strings[0] == "--" + name.replace("_", "-")
+        assert action.default is None, name  # unset: the model's own value
+        assert field.metadata["help"] in action.help and (field.metadata["unit"] or "") in action.help
+    # Each flag sets its field, through the same checks a Recipe makes: a valid value other than the default.
+    changed = {name: _another_valid_value(field) for name, field in recipe_fields.items()}
+    argv = []
+    for name, value in changed.items():
+        flag = "--" + name.replace("_", "-")
+        argv += [flag if value else "--no-" + flag[2:]] if isinstance(value, bool) else [flag, str(value)]
+    config = cli.config_from(parser.parse_args(argv))
+    assert config.recipe == changed
+    assert trainer._recipe(models.recipe("seed_cnn"), config.recipe) == Recipe(**changed)
+
+
+def _another_valid_value(field):
+    """A value of the recipe's ``field`` that is valid and not its default, so a new field needs no edit here."""
+    meta, default = field.metadata, field.default
+    if field.type is bool:
+        return not default
+    if meta["choices"]:
+        return next(choice for choice in meta["choices"] if choice != default)
+    high = meta["high"] if meta["high"] is not None else default + 2
+    if default == high:
+        return default - 1 if field.type is int else (default + meta["low"]) / 2
+    return default + 1 if field.type is int else (default + high) / 2
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--epochs", "0"], "argument --epochs: must be at least 1, got 0"),
+    (["--label-smoothing", "1.5"], "argument --label-smoothing: must be at most 1.0, got 1.5"),
+    (["--learning-rate", "fast"], "argument --learning-rate: 'fast' is not a number"),
+    (["--schedule", "cosine"], "argument --schedule: invalid choice: 'cosine'"),
+])
+def test_a_bad_recipe_flag_is_one_line_and_exit_2(argv, message, capsys):
+    with pytest.raises(SystemExit) as exit:
+        cli.main(argv)
+    assert exit.value.code == 2 and message in capsys.readouterr().err
+
+
+def test_a_recipe_change_the_recipe_refuses_is_a_usage_error():
+    with pytest.raises(ValueError, match="recipe momentum: must be at most 1.0, got 2"):
+        trainer._recipe(models.recipe("seed_cnn"), {"momentum": 2})
+    with pytest.raises(ValueError, match="the recipe has no field epoch"):
+        trainer._recipe(models.recipe("seed_cnn"), {"epoch": 2})
+
+
+def test_the_input_pipeline_is_decided_once_and_said_when_it_cannot_be():
+    # (tf.data beside JAX hides TensorFlow's GPUs, which this process may have set up already: test_jax.py runs it.)
+    assert trainer._input_pipeline("auto", "tensorflow") == trainer._input_pipeline("tf.data", "tensorflow") == "tf.data"
+    assert trainer._input_pipeline("numpy", "jax") == "numpy"  # JAX on NumPy batches though TensorFlow is here
+    with pytest.raises(trainer.UsageError, match="the tensorflow backend trains on tf.data"):
+        trainer._input_pipeline("numpy", "tensorflow")
+    with pytest.raises(trainer.UsageError, match="'grain' is not one of auto, tf.data, numpy"):
+        trainer._input_pipeline("grain", "jax")
+
+
 def test_seed_cnn_trains_by_its_recipe_block_when_no_flag_says_otherwise():
     """The registry's recipe is the one source of the defaults: the CLI's flags default to None."""
     from train.hardware import Placement
 
     recipe = models.recipe("seed_cnn")
-    defaults = cli.build_parser().parse_args([])
-    assert all(getattr(defaults, flag) is None for flag in
-               ("epochs", "batch_size", "learning_rate", "schedule", "augment", "crop_padding", "label_smoothing"))
-    config = trainer.Config(precision="float32")  # what main() builds from no flags
-    plan = trainer._plan(config, recipe, Placement("tensorflow", "test", "cpu", replicas=2), 50_000)
-    for key in ("epochs", "batch_size", "schedule", "augment", "crop_padding", "label_smoothing"):
-        assert getattr(plan, key) == getattr(recipe, key), key
+    config = cli.config_from(cli.build_parser().parse_args(["--precision", "float32"]))
+    assert config.recipe == {}  # no flag, no change
+    plan = trainer._plan(config, trainer._recipe(recipe, config.recipe),
+                         Placement("tensorflow", "test", "cpu", replicas=2), 50_000)
+    assert plan.recipe == recipe
     # Two replicas double the global batch; Adam's rate follows its square root.
     assert plan.global_batch == 2 * recipe.batch_size
     assert plan.learning_rate == pytest.approx(recipe.learning_rate * (2 * recipe.batch_size / recipe.reference_batch) ** 0.5)
