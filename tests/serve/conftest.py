@@ -11,10 +11,6 @@ import pytest
 
 import fake_backend
 
-#: The fake app's settings: those of the real one below (a 1 MiB upload limit).
-SETTINGS = {"TESTING": True, "MODEL_NAME": "cifar10", "MAX_UPLOAD_MB": 1}
-
-
 @pytest.fixture()
 def backend():
     """A fresh :class:`fake_backend.FakeBackend` (version 1, the synthetic classes) for each test."""
@@ -24,9 +20,7 @@ def backend():
 @pytest.fixture()
 def app(backend):
     """The Flask app over ``backend``, with a 1 MiB upload limit."""
-    from serve import create_app
-
-    return create_app(SETTINGS, backend=backend)
+    return fake_backend.make_app(backend)
 
 
 @pytest.fixture()
@@ -39,7 +33,7 @@ def real_app(model_base):
     """The Flask app over the local backend and ``model_base``, with a 1 MiB upload limit."""
     from serve import create_app
 
-    app = create_app({**SETTINGS, "MODEL_DIR": str(model_base)})
+    app = create_app({**fake_backend.APP_SETTINGS, "MODEL_DIR": str(model_base)})
     app.extensions["serve.backend"].wait_loaded()
     yield app
     app.extensions["serve.backend"].close()

@@ -222,3 +222,15 @@ class FakeBackend:
         if self.raises is not None:
             raise self.raises
 
+
+
+#: The unit tests' app settings: a 1 MiB upload limit, as the real app of the end-to-end tests has.
+APP_SETTINGS = {"TESTING": True, "MODEL_NAME": "cifar10", "MAX_UPLOAD_MB": 1}
+
+
+def make_app(backend=None, **settings):
+    """serve's app over ``backend`` (default: a new :class:`FakeBackend`), ``settings`` (Flask config keys) over
+    :data:`APP_SETTINGS`."""
+    from serve import create_app
+
+    return create_app({**APP_SETTINGS, **settings}, backend=backend if backend is not None else FakeBackend())
