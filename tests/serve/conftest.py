@@ -17,15 +17,41 @@ def backend():
     return fake_backend.FakeBackend()
 
 
+#: Modules whose ``client`` tests run twice: as they are, and against the app with an API key required on the
+#: API and the form, the client sending it: with the key a client gets exactly the answers it gets without keys.
+KEYED_MODULES = ("test_serve_api", "test_serve_uploads", "test_hostile")
+KEY = "hostile-input-test-key"
+
+
+def pytest_generate_tests(metafunc):
+    if metafunc.module.__name__ in KEYED_MODULES and "client" in metafunc.fixturenames:
+        metafunc.parametrize("api_key", [None, KEY], ids=["no-keys", "api-key"])
+
+
 @pytest.fixture()
-def app(backend):
+def api_key():
+    """The API key the app requires and ``client`` sends (None: keys off); both, for the tests of :data:`KEYED_MODULES`."""
+    return None
+
+
+@pytest.fixture()
+def app(backend, api_key):
     """The Flask app over ``backend``, with a 1 MiB upload limit."""
-    return fake_backend.make_app(backend)
+    return fake_backend.make_app(backend, **keys(api_key))
 
 
 @pytest.fixture()
-def client(app):
-    return app.test_client()
+def client(app, api_key):
+    """A test client of ``app``, sending ``api_key`` on every request when there is one."""
+    client = app.test_client()
+    if api_key:
+        client.environ_base["HTTP_AUTHORIZATION"] = f"Bearer {api_key}"
+    return client
+
+
+def keys(api_key):
+    """The app's settings for ``api_key``: none, or the key required."""
+    return {"API_KEYS": api_key} if api_key else {}
 
 
 @pytest.fixture(scope="module")
