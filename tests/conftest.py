@@ -133,7 +133,13 @@ def mirrored_run(tmp_path_factory, splits, mirrored_strategy):
 
 
 @pytest.fixture(scope="module")
-def app(model_base):
+def app(real_app):
+    """``real_app`` (tests/serve overrides ``app`` with the fake backend's, for serve's unit tests)."""
+    return real_app
+
+
+@pytest.fixture(scope="module")
+def real_app(model_base):
     """The Flask app over the local backend and ``model_base``, with a 1 MiB upload limit."""
     from serve import create_app
 

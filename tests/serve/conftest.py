@@ -1,15 +1,16 @@
 """serve's fixtures. ``app`` and ``client`` run the whole front end (every protocol, the core, the metrics and
 the guards) over a :class:`fake_backend.FakeBackend`, with no model and no training: serve's unit tests.
 
-``real_app`` and ``real_client`` are the same app over the local backend and ``model_base``, the version
-exported from a real training run, for the tests of what a real runtime answers; every test that
-needs the real model is marked ``end_to_end`` (tests/conftest.py refuses one that is not), so
+``real_app`` (tests/conftest.py) and ``real_client`` are the same app over the local backend and
+``model_base``, the version exported from a real training run, for the tests of what a real runtime
+answers; every test that needs the real model is marked ``end_to_end`` (tests/conftest.py refuses one that is not), so
 ``pytest tests/serve -m "not end_to_end"`` runs the unit tests alone.
 """
 
 import pytest
 
 import fake_backend
+
 
 @pytest.fixture()
 def backend():
@@ -37,7 +38,7 @@ def api_key():
 @pytest.fixture()
 def app(backend, api_key):
     """The Flask app over ``backend``, with a 1 MiB upload limit."""
-    return fake_backend.make_app(backend, **keys(api_key))
+    return fake_backend.make_app(backend, api_key)
 
 
 @pytest.fixture()
@@ -47,22 +48,6 @@ def client(app, api_key):
     if api_key:
         client.environ_base["HTTP_AUTHORIZATION"] = f"Bearer {api_key}"
     return client
-
-
-def keys(api_key):
-    """The app's settings for ``api_key``: none, or the key required."""
-    return {"API_KEYS": api_key} if api_key else {}
-
-
-@pytest.fixture(scope="module")
-def real_app(model_base):
-    """The Flask app over the local backend and ``model_base``, with a 1 MiB upload limit."""
-    from serve import create_app
-
-    app = create_app({**fake_backend.APP_SETTINGS, "MODEL_DIR": str(model_base)})
-    app.extensions["serve.backend"].wait_loaded()
-    yield app
-    app.extensions["serve.backend"].close()
 
 
 @pytest.fixture()

@@ -40,7 +40,7 @@ ROUTE_VALUES = {"name": "cifar10", "version": 1, "label": "stable"}
 @pytest.fixture()
 def app(api_key):
     """serve's app over the fake backend (1 MiB upload limit), its one version also labelled ``stable``."""
-    return make_app(FakeBackend(labels={"stable": 1}), **({"API_KEYS": api_key} if api_key else {}))
+    return make_app(FakeBackend(labels={"stable": 1}), api_key)
 
 
 @pytest.fixture(scope="module")

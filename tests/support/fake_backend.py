@@ -228,9 +228,10 @@ class FakeBackend:
 APP_SETTINGS = {"TESTING": True, "MODEL_NAME": "cifar10", "MAX_UPLOAD_MB": 1}
 
 
-def make_app(backend=None, **settings):
+def make_app(backend=None, api_key=None, **settings):
     """serve's app over ``backend`` (default: a new :class:`FakeBackend`), ``settings`` (Flask config keys) over
-    :data:`APP_SETTINGS`."""
+    :data:`APP_SETTINGS`, and ``api_key`` required on the API and the form when given."""
     from serve import create_app
 
-    return create_app({**APP_SETTINGS, **settings}, backend=backend if backend is not None else FakeBackend())
+    settings = {**APP_SETTINGS, **({"API_KEYS": api_key} if api_key else {}), **settings}
+    return create_app(settings, backend=backend if backend is not None else FakeBackend())
