@@ -153,7 +153,7 @@ class FakeBackend:
         self.entered = threading.Event()
         self.not_ready = False
         self.closed = False
-        self.calls = []  # (signature name, version, images) of every model call, in order
+        self.calls = []  # (signature name, version, image count) of every model call, in order
         self._lock = threading.Lock()
 
     @property
