@@ -126,7 +126,9 @@ def _shape_text(shape):
 def write_warmup(path, name, images):
     """PredictionLog records for both signatures on the first of ``images``, replayed by TF Serving before it serves."""
     import tensorflow as tf
-    from tensorflow_serving.apis import model_pb2, predict_pb2, prediction_log_pb2
+
+    # The vendored protos (the wire format is TF Serving's own), not the tensorflow-serving-api wheel's.
+    from tfs_protos.tensorflow_serving.apis import model_pb2, predict_pb2, prediction_log_pb2
 
     with tf.io.TFRecordWriter(path) as writer:
         for size in WARMUP_BATCH_SIZES:
@@ -138,6 +140,7 @@ def write_warmup(path, name, images):
             ):
                 request = predict_pb2.PredictRequest(
                     model_spec=model_pb2.ModelSpec(name=name, signature_name=signature))
-                request.inputs[key].CopyFrom(tensor)
+                # TensorFlow's TensorProto class is not the vendored one: hand over its bytes.
+                request.inputs[key].ParseFromString(tensor.SerializeToString())
                 log = prediction_log_pb2.PredictionLog(predict_log=prediction_log_pb2.PredictLog(request=request))
                 writer.write(log.SerializeToString())

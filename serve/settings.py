@@ -249,6 +249,8 @@ class Settings:
                 raise SettingsError(f"SERVE_BACKEND={backend} needs {_env(field)}")
         if self.grpc_port == self.port:
             raise SettingsError(f"GRPC_PORT={self.grpc_port}: must differ from PORT (HTTP), or be 0 for no gRPC")
+        if self.backend != "local":
+            self._check_published_manifest()
 
     def _take_model_config(self):
         """The model's name and path from the config file, once it reads and its labels name published versions."""
@@ -263,6 +265,19 @@ class Settings:
             raise SettingsError(f"SERVE_MODEL_CONFIG_FILE={self.model_config_file!r}: {e}") from None
         object.__setattr__(self, "model_name", config.name)
         object.__setattr__(self, "model_dir", config.base_path)
+
+    def _check_published_manifest(self):
+        """A TF Serving backend describes the model with the newest version's manifest under ``MODEL_DIR``, when there
+        is one: one it cannot read (an older format among them) stops the start here, in one line with the fix."""
+        from contract.manifest import ManifestError
+        from serve import published
+
+        available = published.versions(self.model_dir)
+        if available:
+            try:
+                published.manifest(os.path.join(self.model_dir, str(available[-1])))
+            except ManifestError as e:
+                raise SettingsError(f"{_env('model_dir')}={self.model_dir!r}: {e}") from None
 
     @classmethod
     def variables(cls):

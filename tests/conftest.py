@@ -40,6 +40,21 @@ def pytest_configure(config):
                           JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES="0")
 
 
+#: Session fixtures that train or export a real model: a serve test that needs one is end-to-end.
+REAL_MODEL_FIXTURES = {"trained_run", "model_base", "mirrored_run"}
+SERVE_TESTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "serve")
+
+
+def pytest_collection_modifyitems(config, items):
+    """Refuse a serve test that needs a real model but is not marked ``end_to_end``: ``-m "not end_to_end"``
+    would otherwise train one for it, and serve's unit tests must never wait for a training run."""
+    unmarked = [item.nodeid for item in items
+                if str(item.path).startswith(SERVE_TESTS + os.sep) and REAL_MODEL_FIXTURES & set(item.fixturenames)
+                and item.get_closest_marker("end_to_end") is None]
+    if unmarked:
+        raise pytest.UsageError(f"serve tests that need a real model, not marked end_to_end: {', '.join(unmarked)}")
+
+
 def pytest_unconfigure(config):
     if getattr(config, "jax_cache_dir", None):
         shutil.rmtree(config.jax_cache_dir, ignore_errors=True)
@@ -118,7 +133,13 @@ def mirrored_run(tmp_path_factory, splits, mirrored_strategy):
 
 
 @pytest.fixture(scope="module")
-def app(model_base):
+def app(real_app):
+    """``real_app`` (tests/serve overrides ``app`` with the fake backend's, for serve's unit tests)."""
+    return real_app
+
+
+@pytest.fixture(scope="module")
+def real_app(model_base):
     """The Flask app over the local backend and ``model_base``, with a 1 MiB upload limit."""
     from serve import create_app
 

@@ -35,6 +35,7 @@ SOURCE = "tensorflow-serving-api 2.21.0 / tensorflow 2.21.0"
 ROOTS = (
     "tensorflow_serving/apis/prediction_service.proto",
     "tensorflow_serving/apis/model_service.proto",
+    "tensorflow_serving/apis/prediction_log.proto",  # export writes TF Serving's warmup records with it
     "tensorflow/core/protobuf/saved_model.proto",  # the server reads signatures from saved_model.pb
 )
 #: Shipped with protobuf itself; imported, never vendored.

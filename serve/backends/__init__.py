@@ -2,7 +2,8 @@
 
 * :class:`~serve.backends.local.LocalBackend` - the exported model in this process, run by one of
   :mod:`serve.backends.runtimes` (LiteRT float32 or int8, or the SavedModel in TensorFlow), with
-  concurrent requests micro-batched by :mod:`serve.backends.batcher`.
+  concurrent requests micro-batched by :mod:`serve.backends.batcher`; each loaded version is a
+  :class:`~serve.backends.version.LoadedVersion`, and ``LocalBackend`` decides which are loaded.
 * :class:`~serve.backends.tfserving.TFServingRestBackend` - a TF Serving REST endpoint.
 * :class:`~serve.backends.tfserving.TFServingGrpcBackend` - a TF Serving gRPC ``PredictionService``.
 

@@ -13,12 +13,11 @@ import threading
 import time
 
 from contract import OUTPUT_PROBABILITIES
-from contract.manifest import ManifestError
 from serve import model_config, published
 from serve.backends import runtimes
-from serve.backends.batcher import Batcher, Overloaded
-from serve.core.errors import NotServed, ServeError, Shed
-from serve.core.model import ModelInfo, Prediction, readiness_images
+from serve.backends.version import Batching, LoadedVersion
+from serve.core.errors import NotServed, ServeError
+from serve.core.model import readiness_images
 
 RELOAD_INTERVAL_S = 5.0  # how often a backend that failed to load tries again
 RETIRE_AFTER_S = 30.0  # how long a replaced version keeps answering requests already sent to it
@@ -31,7 +30,7 @@ log = logging.getLogger(__name__)
 
 class LocalBackend:
     """The versions under ``model_dir`` that ``config`` selects (default: the highest alone), in one of
-    :mod:`serve.backends.runtimes`, each batched by its own :class:`serve.backends.batcher.Batcher`.
+    :mod:`serve.backends.runtimes`, each a :class:`serve.backends.version.LoadedVersion` batched by its own batcher.
 
     ``on_load(runtime, version)`` is called each time a version becomes the one a request without a
     version gets (the newest loaded), and ``on_skip(runtime, version, reason)`` each time a version newer
@@ -61,12 +60,11 @@ class LocalBackend:
         self.model_dir = self._config.base_path
         self._states = {}  # version -> LOADING, AVAILABLE, UNLOADING or END, for the status routes
         self._swapping, self._refreshing = threading.Lock(), threading.Lock()
-        self._max_batch, self._wait_s, self._on_batch = max_batch, batch_wait_ms / 1000.0, on_batch
-        self._max_queue, self._timeout_s, self._on_waiting = max_queue, timeout_s, on_waiting
+        self._batching = Batching(max_batch, batch_wait_ms / 1000.0, on_batch, max_queue, timeout_s, on_waiting)
         self._lock = threading.Lock()
         self._served = None  # a _Served once loaded
         self._infos = (None, {})  # (the _Served they describe, {version: ModelInfo}): see _refresh
-        self._retiring = {}  # version -> _Loaded: replaced, still answering what was already sent to it
+        self._retiring = {}  # version -> LoadedVersion: replaced, still answering what was already sent to it
         self._error = self._tried_at = None
         # Load in the background: the worker answers /healthz and /readyz (503) meanwhile
         # instead of leaving connections hanging while the model loads.
@@ -131,7 +129,7 @@ class LocalBackend:
                                  f"available (loaded: {', '.join(map(str, loaded))})", 503)
         except Exception:
             for state in loaded.values():
-                state.batcher.close()
+                state.close()
             for version in wanted:
                 self._set_state(version, None)
             raise
@@ -210,7 +208,7 @@ class LocalBackend:
             if missing is not None or not loaded:
                 for version in fresh:
                     if version in loaded:
-                        loaded[version].batcher.close()
+                        loaded[version].close()
                     self._set_state(version, None)
                 if missing is not None:  # as TF Serving refuses such a config: keep the one before it
                     log.error("model config refused: %s: Request to assign label %s to version %s of model %s, which is "
@@ -264,7 +262,7 @@ class LocalBackend:
         def close():
             if self._retiring.get(version) is state:
                 del self._retiring[version]
-            state.batcher.close()
+            state.close()
             if self._states.get(version) == UNLOADING:
                 self._set_state(version, END)
 
@@ -273,16 +271,7 @@ class LocalBackend:
         retire.start()
 
     def _load_version(self, version):
-        path = os.path.join(self.model_dir, str(version))
-        try:
-            served = published.manifest(path)  # first: a version whose manifest is refused is never loaded
-        except ManifestError as e:
-            raise ServeError(f"version {version} is refused: {e}", 503) from None
-        model = runtimes.load(self.runtime, path, self._threads)
-        info = ModelInfo.build(self.name, version, model.signature_defs, served, versions=(version,), runtime=self.runtime)
-        batcher = Batcher(model.pixels, max_batch=self._max_batch, max_wait_s=self._wait_s, on_batch=self._on_batch,
-                          max_queue=self._max_queue, timeout_s=self._timeout_s, on_waiting=self._on_waiting)
-        return _Loaded(version, model, batcher, info)
+        return LoadedVersion.load(self.model_dir, version, self.name, self.runtime, self._threads, self._batching)
 
     @property
     def loaded(self):
@@ -326,31 +315,13 @@ class LocalBackend:
 
     def infer(self, images, version=None):
         served = self._load()  # one snapshot for the whole call: the answer names the version that gave it
-        return self._predict(self._version(served, version), images)
-
-    def _predict(self, state, images):
-        if not len(images):
-            return Prediction(state.version, {key: value.copy() for key, value in state.model.empty_outputs.items()})
-        try:
-            return Prediction(state.version, state.batcher.submit(images))
-        except Overloaded as e:
-            raise Shed(str(e), "queue_full") from None
-        except TimeoutError as e:
-            raise Shed(str(e), "timeout") from None
-        except Exception as e:
-            raise ServeError(f"prediction failed: {type(e).__name__}: {e}", 500) from e
+        return self._version(served, version).predict(images)
 
     def predict(self, images):
         return self.infer(images).outputs  # serving_default's outputs for uint8 pixels, by the newest version
 
     def run(self, signature_name, inputs, version=None):
-        state = self._version(self._load(), version)
-        if signature_name not in state.info.signature_defs:
-            raise ServeError(f"signature {signature_name!r} not found; this model has {sorted(state.info.signature_defs)}", 400)
-        try:
-            return state.model.call(signature_name, inputs, lambda images: self._predict(state, images).outputs)
-        except runtimes.InputError as e:
-            raise ServeError(str(e), 400) from None
+        return self._version(self._load(), version).run(signature_name, inputs)
 
     def ready(self):
         served = self._load(wait=False)
@@ -362,7 +333,7 @@ class LocalBackend:
     def close(self):
         if self._served:
             for state in self._served.loaded.values():
-                state.batcher.close()
+                state.close()
 
     def _version(self, served, version):
         """The loaded ``version`` of ``served`` (None: the newest); :class:`NotServed` when it is not loaded."""
@@ -385,20 +356,10 @@ def _hook(hook, *args):
 
 
 @dataclasses.dataclass(frozen=True)
-class _Loaded:
-    """One loaded version: its runtime's model, its batcher and its info."""
-
-    version: int
-    model: object
-    batcher: Batcher
-    info: ModelInfo
-
-
-@dataclasses.dataclass(frozen=True)
 class _Served:
     """What requests see, swapped in one assignment: the config, its loaded versions, their labels."""
 
     config: model_config.ModelConfig
-    loaded: dict  # version -> _Loaded
+    loaded: dict  # version -> LoadedVersion
     labels: dict  # label -> version, each of them loaded
     default: int  # the version a request without one gets: the newest loaded

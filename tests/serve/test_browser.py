@@ -13,9 +13,9 @@ from live_server import live_server  # noqa: F401  (imported for its fixture)
 CHROMIUM = "/usr/bin/chromium"
 ARTIFACTS = pathlib.Path(__file__).resolve().parents[2] / "test-artifacts"
 
-pytestmark = pytest.mark.skipif(
+pytestmark = [pytest.mark.end_to_end, pytest.mark.skipif(
     not os.path.exists(CHROMIUM), reason=f"{CHROMIUM} is not installed (apt-get install chromium)"
-)
+)]
 
 
 def _write_pngs(folder, images):

@@ -1,6 +1,6 @@
 """TF Serving's gRPC API on the front end (serve/protocols/tfserving_grpc.py), called with
-``tensorflow-serving-api``'s own stubs: in-process over an app of ``model_base``, and once through the
-real gunicorn server, where every worker serves it on one port."""
+``tensorflow-serving-api``'s own stubs: in-process over an app of the fake backend; marked ``end_to_end``, the
+real model's signatures, and once through the real gunicorn server, where every worker serves it on one port."""
 
 import threading
 import time
@@ -23,6 +23,7 @@ from tensorflow_serving.apis import (
 import contract
 import grpc_servers
 import synthetic
+from fake_backend import make_app
 from live_server import free_port, start_server, stop_server
 from tfs_protos.grpc_health.v1 import health_pb2, health_pb2_grpc
 
@@ -34,15 +35,9 @@ WITH_KEY = (("x-api-key", KEY),)
 
 
 @pytest.fixture(scope="module")
-def app(model_base):
-    """An app with API keys on, an 8-image cap and a 1 MiB message limit."""
-    from serve import create_app
-
-    app = create_app({"TESTING": True, "MODEL_DIR": str(model_base), "MODEL_NAME": "cifar10", "MAX_UPLOAD_MB": 1,
-                      "API_KEYS": KEY, "MAX_IMAGES": MAX_IMAGES})
-    app.extensions["serve.backend"].wait_loaded()
-    yield app
-    app.extensions["serve.backend"].close()
+def app():
+    """An app over the fake backend with API keys on, an 8-image cap and a 1 MiB message limit."""
+    return make_app(API_KEYS=KEY, MAX_IMAGES=MAX_IMAGES)
 
 
 @pytest.fixture(scope="module")
@@ -179,26 +174,29 @@ def test_classify_ranks_every_class_of_each_example(app, predict_stub, images):
 # -- metadata and status -----------------------------------------------------------------
 
 
-def test_metadata_describes_the_saved_signatures(channel, model_base):
-    stub = prediction_service_pb2_grpc.PredictionServiceStub(channel)
-    request = get_model_metadata_pb2.GetModelMetadataRequest(metadata_field=["signature_def"])
-    request.model_spec.name = "cifar10"
-    response = stub.GetModelMetadata(request, metadata=WITH_KEY, timeout=DEADLINE_S)
-    assert response.model_spec.version.value == 1
-    served = get_model_metadata_pb2.SignatureDefMap()
-    assert response.metadata["signature_def"].Unpack(served)
+@pytest.mark.end_to_end
+def test_metadata_describes_the_saved_signatures(real_app, model_base):
+    """The real model's signatures as exported, byte for byte (the fake backend has no saved_model.pb)."""
+    with grpc_servers.serving(real_app) as target, grpc.insecure_channel(target) as channel:
+        stub = prediction_service_pb2_grpc.PredictionServiceStub(channel)
+        request = get_model_metadata_pb2.GetModelMetadataRequest(metadata_field=["signature_def"])
+        request.model_spec.name = "cifar10"
+        response = stub.GetModelMetadata(request, timeout=DEADLINE_S)
+        assert response.model_spec.version.value == 1
+        served = get_model_metadata_pb2.SignatureDefMap()
+        assert response.metadata["signature_def"].Unpack(served)
 
-    saved = saved_model_pb2.SavedModel.FromString((model_base / "1" / "saved_model.pb").read_bytes())
-    exported = saved.meta_graphs[0].signature_def
-    assert set(served.signature_def) == set(exported) - {"__saved_model_init_op"}
-    for name in served.signature_def:
-        assert served.signature_def[name] == exported[name], name
-    pixels = served.signature_def[contract.SIGNATURE_PIXELS].inputs[contract.INPUT_PIXELS]
-    assert pixels.dtype == tf.uint8.as_datatype_enum
-    assert [d.size for d in pixels.tensor_shape.dim] == [-1, 32, 32, 3]
+        saved = saved_model_pb2.SavedModel.FromString((model_base / "1" / "saved_model.pb").read_bytes())
+        exported = saved.meta_graphs[0].signature_def
+        assert set(served.signature_def) == set(exported) - {"__saved_model_init_op"}
+        for name in served.signature_def:
+            assert served.signature_def[name] == exported[name], name
+        pixels = served.signature_def[contract.SIGNATURE_PIXELS].inputs[contract.INPUT_PIXELS]
+        assert pixels.dtype == tf.uint8.as_datatype_enum
+        assert [d.size for d in pixels.tensor_shape.dim] == [-1, 32, 32, 3]
 
-    request.ClearField("metadata_field")
-    assert code_of(stub.GetModelMetadata, request, metadata=WITH_KEY)[0] == grpc.StatusCode.INVALID_ARGUMENT
+        request.ClearField("metadata_field")
+        assert code_of(stub.GetModelMetadata, request)[0] == grpc.StatusCode.INVALID_ARGUMENT
 
 
 def test_model_status_lists_the_served_version(channel):
@@ -332,14 +330,11 @@ def test_an_unexpected_fault_is_internal_with_no_traceback(app, predict_stub, im
     still_serves(predict_stub, images)
 
 
-def test_the_rate_limit_is_one_budget_with_http(model_base, images):
+def test_the_rate_limit_is_one_budget_with_http(images):
     """Three calls a minute for the API area: HTTP and gRPC draw on the same count, per key."""
-    from serve import create_app
     from serve.protocols import tfserving_grpc
 
-    limited = create_app({"TESTING": True, "MODEL_DIR": str(model_base), "MODEL_NAME": "cifar10", "API_KEYS": f"{KEY},other",
-                          "RATE_LIMIT_API": "3/minute"})
-    limited.extensions["serve.backend"].wait_loaded()
+    limited = make_app(API_KEYS=f"{KEY},other", RATE_LIMIT_API="3/minute")
     server, port = tfserving_grpc.make_server(limited, "127.0.0.1:0", threads=4, reuse_port=False)
     server.start()
     try:
@@ -400,6 +395,7 @@ def test_health_answers_serving_without_a_key(channel):
 # -- through gunicorn ----------------------------------------------------------------------
 
 
+@pytest.mark.end_to_end
 def test_every_gunicorn_worker_serves_grpc_on_one_port(model_base, images):
     grpc_port = free_port()
     process, url = start_server(model_base, extra_env={"SERVE_API_KEYS": KEY}, args=("--grpc-port", str(grpc_port), "--workers", "2"))

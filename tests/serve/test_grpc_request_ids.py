@@ -13,6 +13,7 @@ import pytest
 import contract
 import grpc_servers
 import synthetic
+from fake_backend import make_app
 from tfs_protos import tensors
 from tfs_protos.grpc_health.v1 import health_pb2, health_pb2_grpc
 from tfs_protos.inference import grpc_predict_v2_pb2 as v2, grpc_predict_v2_pb2_grpc
@@ -23,15 +24,11 @@ DEADLINE_S = 60
 
 
 @pytest.fixture(scope="module")
-def served(model_base):
-    """``(app, channel)``: the app with API keys on, and a channel to its gRPC server."""
-    from serve import create_app
-
-    app = create_app({"TESTING": True, "MODEL_DIR": str(model_base), "MODEL_NAME": "cifar10", "API_KEYS": KEY})
-    app.extensions["serve.backend"].wait_loaded()
+def served():
+    """``(app, channel)``: the app over the fake backend with API keys on, and a channel to its gRPC server."""
+    app = make_app(API_KEYS=KEY)
     with grpc_servers.serving(app, threads=4) as target, grpc.insecure_channel(target) as channel:
         yield app, channel
-    app.extensions["serve.backend"].close()
 
 
 @pytest.fixture(scope="module")

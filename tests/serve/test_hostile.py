@@ -1,9 +1,9 @@
 """Hostile input: what a broken or malicious client sends. Never a 5xx, and the server goes on.
 
-In-process (the ``client`` fixture, 1 MiB upload limit) for bodies: deep and huge JSON on every
+In-process (the ``client`` fixture over the fake backend, 1 MiB upload limit) for bodies: deep and huge JSON on every
 JSON route the app has (routes added later included), wrong types, mismatched content types,
 odd file names and part headers, decompression bombs, truncated and corrupted files of every
-accepted format. Against a real gunicorn (one worker of a few threads, its logs in files) for
+accepted format. Against a real gunicorn over the real model (one worker of a few threads, its logs in files; ``end_to_end``) for
 what only a socket shows: oversized request heads, slow clients, clients that vanish mid-body,
 chunked bodies. At the end that server's access log holds no 5xx, its error log no error, and
 its worker is the one it started with.
@@ -26,8 +26,8 @@ import pytest
 import requests
 from PIL import Image
 
-import model_configs
 import synthetic
+from fake_backend import FakeBackend, make_app
 from live_server import access_messages, start_server, stop_server
 
 FORMATS = ("PNG", "JPEG", "GIF", "BMP", "WEBP")
@@ -37,16 +37,10 @@ FORMATS = ("PNG", "JPEG", "GIF", "BMP", "WEBP")
 ROUTE_VALUES = {"name": "cifar10", "version": 1, "label": "stable"}
 
 
-@pytest.fixture(scope="module")
-def app(model_base, tmp_path_factory):
-    """conftest's app (1 MiB upload limit), its one version also labelled ``stable`` (TF Serving's model config)."""
-    from serve import create_app
-
-    config = model_configs.labelled(tmp_path_factory.mktemp("config") / "models.config", "cifar10", model_base)
-    app = create_app({"TESTING": True, "MODEL_CONFIG_FILE": str(config), "MODEL_CONFIG_POLL_S": 0, "MAX_UPLOAD_MB": 1})
-    app.extensions["serve.backend"].wait_loaded()
-    yield app
-    app.extensions["serve.backend"].close()
+@pytest.fixture()
+def app(api_key):
+    """serve's app over the fake backend (1 MiB upload limit), its one version also labelled ``stable``."""
+    return make_app(FakeBackend(labels={"stable": 1}), api_key)
 
 
 @pytest.fixture(scope="module")
@@ -537,6 +531,7 @@ def _chunked(body, size=1000):
     return b"".join(b"%x\r\n%s\r\n" % (len(c), c) for c in chunks) + b"0\r\n\r\n"
 
 
+@pytest.mark.end_to_end
 def test_oversized_or_broken_request_heads_are_4xx(hostile_server):
     port = hostile_server["port"]
     assert exchange(port, _request("GET", "/healthz", [b"X-Big: " + b"a" * 100_000])) == 431
@@ -550,6 +545,7 @@ def test_oversized_or_broken_request_heads_are_4xx(hostile_server):
     assert exchange(port, b"GET /healthz\r\n\r\n") == 400
 
 
+@pytest.mark.end_to_end
 def test_the_answers_gunicorn_gives_itself_are_json_errors(hostile_server):
     port = hostile_server["port"]
     cases = [
@@ -567,6 +563,7 @@ def test_the_answers_gunicorn_gives_itself_are_json_errors(hostile_server):
         assert error.startswith(reason), error
 
 
+@pytest.mark.end_to_end
 def test_slow_clients_do_not_hold_up_others(hostile_server, image):
     """Clients dribbling their request a few bytes at a time, fewer than the threads, while others are served.
 
@@ -616,6 +613,7 @@ def _encoded_upload(image):
     return encode_multipart_formdata([("file", ("a.png", encode(image, "PNG")))])
 
 
+@pytest.mark.end_to_end
 def test_vanishing_and_chunked_clients(hostile_server, image):
     port, url = hostile_server["port"], hostile_server["url"]
     body, content_type = _encoded_upload(image)
@@ -639,6 +637,7 @@ def test_vanishing_and_chunked_clients(hostile_server, image):
     assert requests.get(f"{url}/readyz", timeout=60).status_code == 200
 
 
+@pytest.mark.end_to_end
 def test_the_server_is_unharmed(hostile_server, image):
     """Runs last: a good request is answered, the worker never restarted, the logs show no 5xx and no error."""
     url = hostile_server["url"]

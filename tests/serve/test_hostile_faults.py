@@ -22,6 +22,7 @@ from PIL import Image
 
 import contract
 import synthetic
+from fake_backend import FakeBackend, make_app, published_manifest
 from live_server import start_server, stop_server
 
 # -- 1. a budget for a request's pixels ------------------------------------------------------------
@@ -66,18 +67,12 @@ def test_a_request_over_the_pixel_budget_is_a_413_before_any_decoding(app, clien
     assert decoded == []  # refused from the headers alone
 
 
-def test_the_budget_is_a_setting(model_base):
-    from serve import create_app
-
-    app = create_app({"TESTING": True, "MODEL_DIR": str(model_base), "MAX_REQUEST_PIXELS": 32 * 32 * 2})
-    app.extensions["serve.backend"].wait_loaded()
-    try:
-        images, _ = synthetic.make_images(3)
-        files = [(f"{i}.png", synthetic.encode(image)) for i, image in enumerate(images)]
-        assert app.test_client().post("/api/v1/predict", **synthetic.multipart(*files[:2])).status_code == 200
-        assert app.test_client().post("/api/v1/predict", **synthetic.multipart(*files)).status_code == 413
-    finally:
-        app.extensions["serve.backend"].close()
+def test_the_budget_is_a_setting():
+    app = make_app(MAX_REQUEST_PIXELS=32 * 32 * 2)
+    images, _ = synthetic.make_images(3)
+    files = [(f"{i}.png", synthetic.encode(image)) for i, image in enumerate(images)]
+    assert app.test_client().post("/api/v1/predict", **synthetic.multipart(*files[:2])).status_code == 200
+    assert app.test_client().post("/api/v1/predict", **synthetic.multipart(*files)).status_code == 413
 
 
 # -- 2. metric labels from fixed sets ---------------------------------------------------------------
@@ -127,6 +122,7 @@ def _raw(url, request, timeout=30):
         return data
 
 
+@pytest.mark.end_to_end
 @pytest.mark.parametrize("path, method", [("/api/v1/predict", "POST"), ("/no/such/route", "POST"), ("/api/v1/model", "PUT")])
 def test_a_body_that_never_comes_does_not_hold_the_answer(keyed_server, path, method):
     """A refused request (401 without a key) that declares a big body and sends a few bytes is answered, and closed."""
@@ -139,6 +135,7 @@ def test_a_body_that_never_comes_does_not_hold_the_answer(keyed_server, path, me
         assert time.monotonic() - started < 30  # the drain gives up after 2 s; before, it waited for the client
 
 
+@pytest.mark.end_to_end
 def test_the_server_still_answers_after_the_stalled_bodies(keyed_server):
     import requests
 
@@ -188,22 +185,15 @@ def test_a_form_field_in_an_unknown_charset_is_400(client, path):
 # -- 11. caching -----------------------------------------------------------------------------------------
 
 
-def test_answers_are_not_stored_and_say_what_they_vary_on(model_base):
-    from serve import create_app
-
-    app = create_app({"TESTING": True, "MODEL_DIR": str(model_base), "API_KEYS": "k1", "CORS_ORIGINS": "https://a.example"})
-    app.extensions["serve.backend"].wait_loaded()
-    try:
-        client = app.test_client()
-        for path in ["/api/v1/model", "/v1/models/cifar10/metadata", "/v2/models/cifar10", "/metrics", "/readyz", "/"]:
-            answer = client.get(path, headers={"X-API-Key": "k1", "Origin": "https://a.example"})
-            assert answer.headers["Cache-Control"] == "no-store", path
-            assert "Origin" in answer.headers.get("Vary", ""), path
-        keyed = client.get("/api/v1/model", headers={"X-API-Key": "k1"})
-        assert {"Authorization", "X-API-Key"} <= {v.strip() for v in keyed.headers["Vary"].split(",")}
-        assert "no-store" not in client.get("/static/form.css").headers.get("Cache-Control", "")
-    finally:
-        app.extensions["serve.backend"].close()
+def test_answers_are_not_stored_and_say_what_they_vary_on():
+    client = make_app(API_KEYS="k1", CORS_ORIGINS="https://a.example").test_client()
+    for path in ["/api/v1/model", "/v1/models/cifar10/metadata", "/v2/models/cifar10", "/metrics", "/readyz", "/"]:
+        answer = client.get(path, headers={"X-API-Key": "k1", "Origin": "https://a.example"})
+        assert answer.headers["Cache-Control"] == "no-store", path
+        assert "Origin" in answer.headers.get("Vary", ""), path
+    keyed = client.get("/api/v1/model", headers={"X-API-Key": "k1"})
+    assert {"Authorization", "X-API-Key"} <= {v.strip() for v in keyed.headers["Vary"].split(",")}
+    assert "no-store" not in client.get("/static/form.css").headers.get("Cache-Control", "")
 
 
 # -- 12. load shedding -------------------------------------------------------------------------------------
@@ -238,34 +228,12 @@ def test_the_batcher_sheds_past_its_queue_and_its_deadline():
         batcher.close()
 
 
-class _ShedBackend:
-    kind = "fake"
-    loaded = True
-
-    def info(self):
-        from serve.core import ModelInfo
-
-        return ModelInfo(name="cifar10", version=1, versions=(1,))
-
-    def infer(self, images, version=None):
-        from serve.core import Shed
-
-        raise Shed("this worker queues at most 4 images (SERVE_MAX_QUEUE)", "queue_full")
-
-    def run(self, signature_name, inputs, version=None):
-        raise AssertionError("not called")
-
-    def ready(self):
-        return 1
-
-    def close(self):
-        pass
-
-
 def test_shed_load_is_a_503_with_retry_after_on_every_route_and_counted():
-    from serve import create_app
+    from serve.core import Shed
 
-    app = create_app({"TESTING": True}, backend=_ShedBackend())
+    backend = FakeBackend()
+    backend.raises = Shed("this worker queues at most 4 images (SERVE_MAX_QUEUE)", "queue_full")
+    app = make_app(backend)
     client = app.test_client()
     png = synthetic.encode(synthetic.make_images(1)[0][0])
     b64 = base64.b64encode(png).decode()
@@ -283,22 +251,16 @@ def test_shed_load_is_a_503_with_retry_after_on_every_route_and_counted():
 # -- 7. a Redis that accepts and never answers -----------------------------------------------------------
 
 
-def test_a_silent_redis_costs_a_fraction_of_a_second(model_base):
-    from serve import create_app
-
+def test_a_silent_redis_costs_a_fraction_of_a_second():
     listener = socket.socket()
     listener.bind(("127.0.0.1", 0))
     listener.listen(16)  # accepts (the kernel does) and never answers
     port = listener.getsockname()[1]
     try:
-        app = create_app({"TESTING": True, "MODEL_DIR": str(model_base), "RATE_LIMIT_API": "100/second",
-                          "RATE_LIMIT_STORE": f"redis://127.0.0.1:{port}/0"})
-        app.extensions["serve.backend"].wait_loaded()
-        client = app.test_client()
+        client = make_app(RATE_LIMIT_API="100/second", RATE_LIMIT_STORE=f"redis://127.0.0.1:{port}/0").test_client()
         started = time.monotonic()
         statuses = [client.get("/api/v1/model").status_code for _ in range(3)]
         elapsed = time.monotonic() - started
-        app.extensions["serve.backend"].close()
     finally:
         listener.close()
     assert statuses == [200] * 3  # counted in memory instead, as documented
@@ -401,6 +363,7 @@ def _polling_copy(model_base, tmp_path):
     return models, app.extensions["serve.backend"], app.test_client()
 
 
+@pytest.mark.end_to_end
 def test_a_version_that_failed_to_load_is_tried_again(model_base, tmp_path, monkeypatch):
     from serve.backends import local
 
@@ -422,6 +385,7 @@ def test_a_version_that_failed_to_load_is_tried_again(model_base, tmp_path, monk
         backend.close()
 
 
+@pytest.mark.end_to_end
 def test_a_version_without_its_manifest_waits_for_it(model_base, tmp_path, caplog):
     import logging
 
@@ -443,12 +407,11 @@ def test_a_version_without_its_manifest_waits_for_it(model_base, tmp_path, caplo
         backend.close()
 
 
-def test_a_redis_that_goes_away_and_comes_back_costs_no_request(model_base, tmp_path):
+def test_a_redis_that_goes_away_and_comes_back_costs_no_request(tmp_path):
     """Redis stopped under a rate-limited app: the requests meanwhile are answered (counted in memory), none is a 500."""
     import subprocess
 
     from live_server import free_port
-    from serve import create_app
 
     if shutil.which("redis-server") is None:
         pytest.skip("redis-server is not installed (apt-get install redis-server; scripts/test.sh installs it)")
@@ -467,10 +430,7 @@ def test_a_redis_that_goes_away_and_comes_back_costs_no_request(model_base, tmp_
                 time.sleep(0.1)
 
     redis = start()
-    app = create_app({"TESTING": True, "MODEL_DIR": str(model_base), "RATE_LIMIT_API": "1000/minute",
-                      "RATE_LIMIT_STORE": f"redis://127.0.0.1:{port}/0"})
-    app.extensions["serve.backend"].wait_loaded()
-    client = app.test_client()
+    client = make_app(RATE_LIMIT_API="1000/minute", RATE_LIMIT_STORE=f"redis://127.0.0.1:{port}/0").test_client()
     try:
         statuses = [client.get("/api/v1/model").status_code for _ in range(3)]
         redis.terminate()
@@ -481,18 +441,17 @@ def test_a_redis_that_goes_away_and_comes_back_costs_no_request(model_base, tmp_
     finally:
         redis.terminate()
         redis.wait(30)
-        app.extensions["serve.backend"].close()
     assert statuses == [200] * 11
 
 
 # -- the page: a low top probability is "not sure", not a bold label (issue 45) ------------------------------
 
 
-class _UnsureBackend(_ShedBackend):
-    def info(self):
-        from serve.core import ModelInfo
+class _UnsureBackend(FakeBackend):
+    """Every image answered deer 0.45, cat 0.30, dog 0.25."""
 
-        return ModelInfo(name="cifar10", version=1, versions=(1,), class_names=("cat", "deer", "dog"))
+    def __init__(self):
+        super().__init__(manifests={1: published_manifest(("cat", "deer", "dog"))})
 
     def infer(self, images, version=None):
         from serve.core import Prediction
@@ -502,9 +461,7 @@ class _UnsureBackend(_ShedBackend):
 
 
 def test_a_low_top_probability_is_said_as_not_sure():
-    from serve import create_app
-
-    page = create_app({"TESTING": True}, backend=_UnsureBackend()).test_client().post(
+    page = make_app(_UnsureBackend()).test_client().post(
         "/", **synthetic.multipart(("a.png", synthetic.encode(synthetic.make_images(1)[0][0]))))
     html = page.get_data(as_text=True)
     assert page.status_code == 200

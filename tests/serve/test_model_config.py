@@ -108,6 +108,7 @@ def grpc_predict(channel, pixels, version=None, label=None):
 
 
 # -- the file ------------------------------------------------------------------------------------
+@pytest.mark.end_to_end
 def test_the_config_names_the_model_and_its_path(app, models):
     settings = app.extensions["serve.settings"]
     assert (settings.model_name, settings.model_dir) == (MODEL, str(models))
@@ -146,6 +147,7 @@ def test_each_policy_selects_as_tf_serving_does():
     assert model_config.newest("a", "/m").select([1, 2]) == (2,)
 
 
+@pytest.mark.end_to_end
 def test_a_label_to_a_missing_version_stops_the_start_with_one_line(models, tmp_path):
     from serve import create_app
     from serve.settings import SettingsError
@@ -161,6 +163,7 @@ def test_a_label_to_a_missing_version_stops_the_start_with_one_line(models, tmp_
 
 
 # -- routing, on every protocol ------------------------------------------------------------------
+@pytest.mark.end_to_end
 def test_tf_serving_rest_lists_every_version_and_routes_by_number_and_label(app, pixels):
     client = app.test_client()
     status = client.get(f"/v1/models/{MODEL}").get_json()["model_version_status"]
@@ -175,6 +178,7 @@ def test_tf_serving_rest_lists_every_version_and_routes_by_number_and_label(app,
     assert client.get(f"/v1/models/{MODEL}/labels/stable/metadata").get_json()["model_spec"]["version"] == "1"
 
 
+@pytest.mark.end_to_end
 def test_an_unknown_version_or_label_is_not_found(app, pixels, channel):
     client = app.test_client()
     for path in ("/versions/3", "/versions/7", "/labels/nightly"):
@@ -190,6 +194,7 @@ def test_an_unknown_version_or_label_is_not_found(app, pixels, channel):
         assert raised.value.code() == grpc.StatusCode.NOT_FOUND, raised.value.details()
 
 
+@pytest.mark.end_to_end
 def test_tf_serving_grpc_honours_version_and_version_label(channel, pixels):
     for spec, version in (({}, 2), ({"version": 1}, 1), ({"label": "stable"}, 1), ({"label": "canary"}, 2)):
         answer = grpc_predict(channel, pixels, **spec)
@@ -206,6 +211,7 @@ def test_tf_serving_grpc_honours_version_and_version_label(channel, pixels):
     assert [s.version for s in stub.GetModelStatus(request, timeout=DEADLINE_S).model_version_status] == [1]
 
 
+@pytest.mark.end_to_end
 def test_the_open_inference_protocol_takes_the_version_in_the_path_and_the_call(app, target, pixels):
     client = app.test_client()
     body = {"inputs": [{"name": contract.INPUT_PIXELS, "datatype": "UINT8", "shape": list(pixels.shape),
@@ -229,6 +235,7 @@ def test_the_open_inference_protocol_takes_the_version_in_the_path_and_the_call(
         triton_client.close()
 
 
+@pytest.mark.end_to_end
 def test_the_answer_metrics_carry_the_version(app, pixels):
     client = app.test_client()
     for path in ("/labels/stable", "/labels/canary"):
@@ -244,6 +251,7 @@ def test_the_answer_metrics_carry_the_version(app, pixels):
     # The new config drops 1 and 2 for 3: 3 is loaded first, then swapped in with the label, then 1 and 2 retire.
     pytest.param({"versions": (3,), "labels": {"stable": 3}}, id="to-a-version-loaded-for-it"),
 ])
+@pytest.mark.end_to_end
 def test_moving_a_label_moves_the_traffic_without_a_failed_request(app, config_file, models, channel, pixels, moved):
     """Requests by label run in a loop, over REST and gRPC, while the file moves ``stable`` from 1, and back."""
     stop, failures, seen = threading.Event(), [], []
@@ -289,6 +297,7 @@ def test_moving_a_label_moves_the_traffic_without_a_failed_request(app, config_f
     ("specific { versions: 1 versions: 2 }", 3),  # published, but not in the policy: refused as the file is read
     ("all {}", 4),  # in the policy, but never published: refused once the versions it selects are loaded
 ])
+@pytest.mark.end_to_end
 def test_a_new_config_with_a_label_to_a_missing_version_is_refused_and_the_old_one_kept(app, config_file, models, pixels,
                                                                                            caplog, policy, missing):
     client = app.test_client()
@@ -307,6 +316,7 @@ def test_a_new_config_with_a_label_to_a_missing_version_is_refused_and_the_old_o
         write_config(config_file, config_text(models))
 
 
+@pytest.mark.end_to_end
 def test_a_new_policy_loads_and_unloads_versions(app, config_file, models, pixels):
     client = app.test_client()
 

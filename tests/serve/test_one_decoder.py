@@ -162,6 +162,7 @@ def served(request, model_base, tfserving):  # noqa: F811
 _seen = {}
 
 
+@pytest.mark.end_to_end
 @pytest.mark.parametrize("name", IMAGES)
 def test_every_route_gives_the_same_answer(served, name, class_names):
     where, client = served
@@ -174,6 +175,7 @@ def test_every_route_gives_the_same_answer(served, name, class_names):
             np.testing.assert_allclose(reference, other, atol=1e-4)
 
 
+@pytest.mark.end_to_end
 @pytest.mark.parametrize("name", IMAGES)
 def test_the_client_gets_one_answer_on_every_transport(name, live_server, tfserving, tmp_path, capsys):  # noqa: F811
     """Straight to TF Serving the client decodes by the server's rule, so it agrees with the front end."""

@@ -186,6 +186,7 @@ def _shown(page):
 # -- the session's server, a real model ---------------------------------------------------------------------
 
 
+@pytest.mark.end_to_end
 def test_dropped_files_show_thumbnails_can_be_removed_and_get_results_in_place(browser, live_server):  # noqa: F811
     files = _synthetic_files(3)
     with _page(browser, live_server) as page:
@@ -215,6 +216,7 @@ def test_dropped_files_show_thumbnails_can_be_removed_and_get_results_in_place(b
         assert page.evaluate("window.__sent") == [2]
 
 
+@pytest.mark.end_to_end
 def test_a_pasted_image_is_chosen_and_classified(browser, live_server):  # noqa: F811
     with _page(browser, live_server) as page:
         assert page.evaluate(DISPATCH, ["paste", _synthetic_files(1, seed=3)]) is False
@@ -228,6 +230,7 @@ def test_a_pasted_image_is_chosen_and_classified(browser, live_server):  # noqa:
         assert page.evaluate("document.querySelector('.result img').naturalWidth") == 32
 
 
+@pytest.mark.end_to_end
 def test_many_files_go_in_batches_with_progress(browser, live_server, tmp_path):  # noqa: F811
     images, _ = synthetic.make_images(7, seed=5)  # 21 images
     paths = []
@@ -255,6 +258,7 @@ def test_many_files_go_in_batches_with_progress(browser, live_server, tmp_path):
         assert statuses[-1] == "Done: 20 of 20 images classified."
 
 
+@pytest.mark.end_to_end
 def test_without_javascript_the_form_posts_and_shows_results(browser, live_server, tmp_path):  # noqa: F811
     paths = []
     for i, image in enumerate(synthetic.make_images(1, seed=4)[0][:2]):
@@ -270,6 +274,7 @@ def test_without_javascript_the_form_posts_and_shows_results(browser, live_serve
         assert page.locator(".result .filename").all_inner_texts() == ["plain0.png", "plain1.png"]
 
 
+@pytest.mark.end_to_end
 def test_the_page_has_no_serious_accessibility_violations(browser, live_server, known):  # noqa: F811
     from axe_playwright_python.sync_playwright import Axe
 
@@ -296,6 +301,7 @@ def test_the_page_has_no_serious_accessibility_violations(browser, live_server, 
         assert serious(page) == []
 
 
+@pytest.mark.end_to_end
 def test_the_keyboard_reaches_everything_with_a_visible_focus(browser, live_server):  # noqa: F811
     with _page(browser, live_server) as page:
         page.keyboard.press("Tab")

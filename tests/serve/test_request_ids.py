@@ -9,18 +9,14 @@ import re
 import pytest
 
 import synthetic
+from fake_backend import make_app
 
 KEY = "s3cret-key-material"
 
 
 @pytest.fixture(scope="module")
-def keyed(model_base):
-    from serve import create_app
-
-    app = create_app({"TESTING": True, "MODEL_DIR": str(model_base), "API_KEYS": KEY})
-    app.extensions["serve.backend"].wait_loaded()
-    yield app
-    app.extensions["serve.backend"].close()
+def keyed():
+    return make_app(API_KEYS=KEY)
 
 
 @pytest.fixture()

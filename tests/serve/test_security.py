@@ -202,6 +202,7 @@ ROUTES = [
 ]
 
 
+@pytest.mark.end_to_end
 @pytest.mark.parametrize("method, path, kwargs, status", ROUTES, ids=[f"{m} {p} {s}" for m, p, _, s in ROUTES])
 def test_default_server_is_open_and_sends_security_headers_everywhere(live_server, method, path, kwargs, status):  # noqa: F811
     response = call(f"{live_server}{path}", method, **kwargs)
@@ -211,6 +212,7 @@ def test_default_server_is_open_and_sends_security_headers_everywhere(live_serve
     assert "WWW-Authenticate" not in response.headers
 
 
+@pytest.mark.end_to_end
 def test_default_server_has_no_cors(live_server):  # noqa: F811
     simple = call(f"{live_server}/api/v1/model", headers={"Origin": ALLOWED_ORIGIN})
     assert simple.status_code == 200 and "Access-Control-Allow-Origin" not in simple.headers
@@ -234,6 +236,7 @@ class _InlineFinder(html.parser.HTMLParser):
         self.found += [f"{name}= on <{tag}>" for name in attrs if name == "style" or name.startswith("on")]
 
 
+@pytest.mark.end_to_end
 def test_pages_hold_no_inline_script_or_style(live_server):  # noqa: F811
     form = call(f"{live_server}/")
     results = call(f"{live_server}/", "POST", files=[("file", ("a.png", png(1))), ("file", ("b.txt", b"text"))])
@@ -246,6 +249,7 @@ def test_pages_hold_no_inline_script_or_style(live_server):  # noqa: F811
     assert css.headers["Content-Type"].startswith("text/css") and ".bar .fill" in css.text
 
 
+@pytest.mark.end_to_end
 @pytest.mark.skipif(not os.path.exists(CHROMIUM), reason=f"{CHROMIUM} is not installed (apt-get install chromium)")
 def test_results_page_renders_under_its_csp_in_chromium(live_server, tmp_path):  # noqa: F811
     from playwright.sync_api import sync_playwright
@@ -286,6 +290,7 @@ PROTECTED = [
 ]
 
 
+@pytest.mark.end_to_end
 @pytest.mark.parametrize("method, path", PROTECTED)
 def test_missing_key_is_401_json_with_a_bearer_challenge(secured, method, path):
     response = call(f"{secured}{path}", method, address=fresh_address(), json={"instances": [1]})
@@ -295,6 +300,7 @@ def test_missing_key_is_401_json_with_a_bearer_challenge(secured, method, path):
     assert_security_headers(response)
 
 
+@pytest.mark.end_to_end
 @pytest.mark.parametrize("how", ["bearer", "x-api-key", "basic"])
 def test_wrong_key_is_401_invalid_token(secured, how):
     wrong = FILE_KEYS[0][:-1] + ("0" if FILE_KEYS[0][-1] != "0" else "1")  # one character off
@@ -306,6 +312,7 @@ def test_wrong_key_is_401_invalid_token(secured, how):
         assert 'error="invalid_token"' in response.headers["WWW-Authenticate"]
 
 
+@pytest.mark.end_to_end
 def test_keys_from_the_variable_and_the_file_each_way_open_the_api(secured):
     for key, how in [(ENV_KEY, "bearer"), (fresh_key(), "x-api-key"), (fresh_key(), "basic")]:
         info = call(f"{secured}/api/v1/model", key=key, how=how)
@@ -318,6 +325,7 @@ def test_keys_from_the_variable_and_the_file_each_way_open_the_api(secured):
     assert tfs.status_code == 200 and len(tfs.json()["predictions"]) == 1
 
 
+@pytest.mark.end_to_end
 def test_health_readiness_and_static_files_stay_open(secured):
     for path in ("/healthz", "/readyz", "/static/form.css"):
         response = call(f"{secured}{path}")
@@ -326,6 +334,7 @@ def test_health_readiness_and_static_files_stay_open(secured):
         assert_security_headers(response)
 
 
+@pytest.mark.end_to_end
 def test_form_asks_the_browser_for_the_key(secured):
     address = fresh_address()
     refused = call(f"{secured}/", address=address)
@@ -337,6 +346,7 @@ def test_form_asks_the_browser_for_the_key(secured):
     assert page.status_code == 200 and 'type="file"' in page.text
 
 
+@pytest.mark.end_to_end
 def test_metrics_have_their_own_keys_and_count_rejections(secured):
     assert call(f"{secured}/metrics", address=fresh_address()).status_code == 401
     assert call(f"{secured}/metrics", key=ENV_KEY).status_code == 401  # an API key opens no metrics
@@ -358,6 +368,7 @@ def test_metrics_have_their_own_keys_and_count_rejections(secured):
 # -- the secured server: rate limits ----------------------------------------------------------
 
 
+@pytest.mark.end_to_end
 def test_limit_is_one_budget_per_client_for_every_api_route(secured):
     key = fresh_key()
     pixels = {"instances": synthetic.make_images(1, seed=3)[0].tolist()}
@@ -384,6 +395,7 @@ def test_limit_is_one_budget_per_client_for_every_api_route(secured):
     assert call(f"{secured}/", key=key, how="basic").status_code == 200  # the form: its own budget
 
 
+@pytest.mark.end_to_end
 def test_the_image_cap_holds_through_gunicorn_on_every_route(secured):
     key = fresh_key()
     pixels = np.zeros((257, 32, 32, 3), np.uint8)
@@ -400,6 +412,7 @@ def test_the_image_cap_holds_through_gunicorn_on_every_route(secured):
         key = fresh_key()  # each route with a budget of its own client, so the limit is not what answers
 
 
+@pytest.mark.end_to_end
 @pytest.mark.parametrize("size", [200_000, 900_000])
 def test_a_refused_body_leaves_the_connection_usable(secured, size):
     """A 401 answers before the body is read; the connection it announced as kept alive must stay so.
@@ -461,6 +474,7 @@ def test_a_limit_recovers_when_its_window_has_passed(monkeypatch):
     assert client.get("/healthz").status_code == 200
 
 
+@pytest.mark.end_to_end
 def test_clients_without_a_key_are_limited_by_address_through_the_proxy(secured):
     address = fresh_address()
     url = f"{secured}/api/v1/model"
@@ -471,6 +485,7 @@ def test_clients_without_a_key_are_limited_by_address_through_the_proxy(secured)
     assert call(url, key="guess", address=fresh_address()).status_code == 401  # another address: not yet
 
 
+@pytest.mark.end_to_end
 def test_form_over_its_limit_is_a_readable_page(secured):
     key = fresh_key()
     for _ in range(FORM_LIMIT):
@@ -486,6 +501,7 @@ def test_form_over_its_limit_is_a_readable_page(secured):
 # -- the secured server: hostile input with keys on ---------------------------------------------
 
 
+@pytest.mark.end_to_end
 def test_hostile_input_with_a_key_gets_its_usual_4xx_and_without_one_a_401(secured):
     cases = [
         ({"files": {"file": ("x.txt", b"text")}}, 400, "x.txt"),
@@ -515,6 +531,7 @@ def preflight(url, origin):
     )
 
 
+@pytest.mark.end_to_end
 def test_cors_allows_the_listed_origins(secured):
     allowed = preflight(secured, ALLOWED_ORIGIN)  # preflights carry no key, and need none
     assert allowed.status_code == 200
@@ -536,6 +553,7 @@ def test_cors_allows_the_listed_origins(secured):
     assert refused.status_code == 401 and refused.headers["Access-Control-Allow-Origin"] == ALLOWED_ORIGIN  # readable
 
 
+@pytest.mark.end_to_end
 def test_cors_refuses_other_origins(secured):
     for origin in ("https://evil.example", "https://app.example.evil.example", "null"):
         assert "Access-Control-Allow-Origin" not in preflight(secured, origin).headers
@@ -548,6 +566,7 @@ def test_cors_refuses_other_origins(secured):
 # -- the client sends the key -------------------------------------------------------------------
 
 
+@pytest.mark.end_to_end
 def test_client_sends_its_key_from_the_environment_or_the_flag(secured, tmp_path, monkeypatch, capsys):
     from client import cli
 
@@ -572,6 +591,7 @@ def test_client_sends_its_key_from_the_environment_or_the_flag(secured, tmp_path
 # -- the secured server: nothing logged ------------------------------------------------------------
 
 
+@pytest.mark.end_to_end
 def test_keys_never_reach_the_logs(secured):
     """Runs last in this module, after every key has been sent, right and wrong, every way."""
     marker = secrets.token_hex(8)  # in the request line, which the access log shows
@@ -589,6 +609,7 @@ def test_keys_never_reach_the_logs(secured):
 # -- two workers, one Redis ---------------------------------------------------------------------
 
 
+@pytest.mark.end_to_end
 def test_redis_limit_is_shared_by_two_workers(shared, redis_url):
     import redis
 

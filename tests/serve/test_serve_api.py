@@ -1,4 +1,6 @@
-"""The Flask app in-process (test client) over the local backend and the exported ``model_base``."""
+"""The Flask app in-process (test client): the JSON API, TF Serving's REST API, the form, health and metrics over the
+fake backend (``client``), and, marked ``end_to_end``, what the local backend answers over the exported ``model_base``
+(``real_client``), checked against the SavedModel itself."""
 
 import base64
 import io
@@ -11,6 +13,7 @@ import tensorflow as tf
 from PIL import Image
 
 import contract
+import fake_backend
 import synthetic
 from serve.settings import DEFAULT_MAX_PIXELS
 
@@ -31,6 +34,11 @@ def reference_model(model_base):
 def savedmodel(model_base):
     """The SavedModel's own ``serving_default``: what every answer is checked against."""
     return reference_model(model_base)
+
+
+def fake_probabilities(pixels):
+    """The fake backend's probabilities for one uint8 ``[32, 32, 3]`` image."""
+    return fake_backend.expected(pixels[None])[contract.OUTPUT_PROBABILITIES][0]
 
 
 def model_probabilities(savedmodel, pixels):
@@ -62,10 +70,11 @@ def b64(data):
 # -- predictions -------------------------------------------------------------------------
 
 
-def test_predict_multipart_labels_match(client, samples, model_base):
+@pytest.mark.end_to_end
+def test_predict_multipart_labels_match(real_client, samples, model_base):
     images, labels = samples
     files = [(f"img{i}.png", png(image)) for i, image in enumerate(images)]
-    response = client.post("/api/v1/predict", data=upload(*files))
+    response = real_client.post("/api/v1/predict", data=upload(*files))
     assert response.status_code == 200
     body = response.get_json()
     assert body["model"] == {"name": "cifar10", "version": 1, "architecture": "seed_cnn"}
@@ -99,7 +108,7 @@ def test_predict_json_b64_matches_multipart(client, samples):
     assert p["probability"] == multipart["predictions"][0]["probability"]
 
 
-def test_the_service_runs_without_flask(app, samples, savedmodel):
+def test_the_service_runs_without_flask(app, samples):
     """The core of every route needs no app: its backend, limits and metrics are handed in."""
     import flask
 
@@ -120,7 +129,7 @@ def test_the_service_runs_without_flask(app, samples, savedmodel):
     assert result.model.name == "cifar10" and result.version == 1
     first, second, third = result.images
     assert isinstance(first, Answered) and isinstance(second, Refused) and isinstance(third, Refused)
-    assert first.top_k[0].class_id == int(np.argmax(model_probabilities(savedmodel, images[0])))
+    assert first.top_k[0].class_id == int(np.argmax(fake_probabilities(images[0])))
     assert len(first.top_k) == 2
     assert second.public() == {"filename": None, "error": "instance 1: is not valid base64", "status": 400}
     assert third.status == 413 and third.error.startswith("'big.png' has too many pixels")
@@ -265,7 +274,8 @@ def predict_one(client, data, name="x"):
     return response.get_json()["predictions"][0]
 
 
-def test_exif_orientation_is_applied(client, savedmodel):
+@pytest.mark.end_to_end
+def test_exif_orientation_is_applied(real_client, savedmodel):
     """A stored-sideways JPEG with Orientation=6 must be classified upright."""
     from serve.core import decode as imaging
 
@@ -282,7 +292,7 @@ def test_exif_orientation_is_applied(client, savedmodel):
     upright_answer = model_probabilities(savedmodel, pixels)
     sideways_answer = model_probabilities(savedmodel, np.asarray(Image.open(io.BytesIO(data)).convert("RGB")))
     assert np.abs(upright_answer - sideways_answer).max() > 1e-2, "the image tells the two apart"
-    assert answered_probabilities(predict_one(client, data)) == pytest.approx(upright_answer, abs=1e-4)
+    assert answered_probabilities(predict_one(real_client, data)) == pytest.approx(upright_answer, abs=1e-4)
 
 
 def _mode_cases(image):
@@ -311,8 +321,9 @@ def _expected_rgb(data, mode, original):
     return np.asarray(image.convert("RGB").resize((32, 32), Image.Resampling.BILINEAR))
 
 
+@pytest.mark.end_to_end
 @pytest.mark.parametrize("mode", ["P", "L", "LA", "RGBA", "CMYK", "I;16", "GIF", "BMP", "WEBP", "big-JPEG"])
-def test_modes_and_formats_become_rgb(client, samples, savedmodel, mode):
+def test_modes_and_formats_become_rgb(real_client, samples, savedmodel, mode):
     from serve.core import decode as imaging
 
     image, fmt = _mode_cases(samples[0][0])[mode]
@@ -327,7 +338,7 @@ def test_modes_and_formats_become_rgb(client, samples, savedmodel, mode):
         assert (pixels == samples[0][0]).all()
     expected = _expected_rgb(data, mode, samples[0][0])
     assert np.abs(pixels.astype(int) - expected).max() <= 1
-    answer = answered_probabilities(predict_one(client, data))
+    answer = answered_probabilities(predict_one(real_client, data))
     assert answer == pytest.approx(model_probabilities(savedmodel, expected), abs=1e-3)
 
 
@@ -356,9 +367,10 @@ def test_model_info(client):
     assert body["signatures"][contract.SIGNATURE_BYTES]["inputs"] == {contract.INPUT_BYTES: {"dtype": "string", "shape": [-1]}}
 
 
-def test_tfserving_row_format(client, samples, savedmodel):
+@pytest.mark.end_to_end
+def test_tfserving_row_format(real_client, samples, savedmodel):
     images, labels = samples
-    response = client.post("/v1/models/cifar10:predict", json={"instances": images[:4].tolist()})
+    response = real_client.post("/v1/models/cifar10:predict", json={"instances": images[:4].tolist()})
     assert response.status_code == 200
     rows = response.get_json()["predictions"]
     assert len(rows) == 4
@@ -368,7 +380,7 @@ def test_tfserving_row_format(client, samples, savedmodel):
         assert row[contract.OUTPUT_CLASS_IDS] == int(np.argmax(expected))
         assert row[contract.OUTPUT_CLASS_NAMES] == LABELS[row[contract.OUTPUT_CLASS_IDS]]
         assert row[contract.OUTPUT_PROBABILITIES] == pytest.approx(expected.tolist(), abs=1e-4)
-    named = client.post(
+    named = real_client.post(
         "/v1/models/cifar10/versions/1:predict",
         json={"signature_name": "serving_default", "instances": [{contract.INPUT_PIXELS: images[0].tolist()}]},
     )
@@ -379,9 +391,10 @@ def test_tfserving_row_format(client, samples, savedmodel):
     assert alone[contract.OUTPUT_PROBABILITIES] == pytest.approx(rows[0][contract.OUTPUT_PROBABILITIES], abs=1e-5)
 
 
-def test_tfserving_columnar_format(client, samples, savedmodel):
+@pytest.mark.end_to_end
+def test_tfserving_columnar_format(real_client, samples, savedmodel):
     images, _ = samples
-    response = client.post("/v1/models/cifar10:predict", json={"inputs": {contract.INPUT_PIXELS: images[:2].tolist()}})
+    response = real_client.post("/v1/models/cifar10:predict", json={"inputs": {contract.INPUT_PIXELS: images[:2].tolist()}})
     assert response.status_code == 200
     outputs = response.get_json()["outputs"]
     assert set(outputs) == set(contract.CALIBRATED_OUTPUTS)
@@ -389,8 +402,24 @@ def test_tfserving_columnar_format(client, samples, savedmodel):
     assert np.asarray(outputs[contract.OUTPUT_PROBABILITIES]) == pytest.approx(expected, abs=1e-4)
     assert outputs[contract.OUTPUT_CLASS_IDS] == expected.argmax(axis=1).tolist()
     assert outputs[contract.OUTPUT_CLASS_NAMES] == [LABELS[c] for c in expected.argmax(axis=1)]
-    bare = client.post("/v1/models/cifar10:predict", json={"inputs": images[:2].tolist()}).get_json()
+    bare = real_client.post("/v1/models/cifar10:predict", json={"inputs": images[:2].tolist()}).get_json()
     assert bare["outputs"] == outputs
+
+
+def test_tfserving_rows_and_columns_carry_the_backends_answers(client, samples):
+    """Both of TF Serving's JSON layouts hold every output of the backend's answer, in the request's order."""
+    images, _ = samples
+    expected = fake_backend.expected(images[:4])
+    rows = client.post("/v1/models/cifar10:predict", json={"instances": images[:4].tolist()}).get_json()["predictions"]
+    columns = client.post("/v1/models/cifar10:predict", json={"inputs": images[:4].tolist()}).get_json()["outputs"]
+    assert [set(row) for row in rows] == [set(contract.CALIBRATED_OUTPUTS)] * 4 and set(columns) == set(contract.CALIBRATED_OUTPUTS)
+    for key, values in expected.items():
+        want = [v.decode() for v in values] if values.dtype == object else values  # class names: strings in JSON
+        for got in (np.asarray([row[key] for row in rows]), np.asarray(columns[key])):
+            if values.dtype.kind == "f":
+                np.testing.assert_allclose(got, want, atol=1e-6, err_msg=key)
+            else:
+                np.testing.assert_array_equal(got, want, err_msg=key)
 
 
 def test_tfserving_status_and_metadata(client):
@@ -486,15 +515,16 @@ def test_not_ready_without_a_model(tmp_path, samples):
     assert client.get("/v1/models/cifar10").status_code == 503
 
 
-def test_concurrent_requests_are_batched(app, samples):
-    backend = app.extensions["serve.backend"]
+@pytest.mark.end_to_end
+def test_concurrent_requests_are_batched(real_app, samples):
+    backend = real_app.extensions["serve.backend"]
     before = sum(size * count for size, count in backend.batch_sizes.items() if size > 1)
     data = png(samples[0][0])
     barrier = threading.Barrier(16)
     codes = []
 
     def one():
-        client = app.test_client()
+        client = real_app.test_client()
         barrier.wait()
         codes.append(client.post("/api/v1/predict", data=upload(("a.png", data))).status_code)
 
@@ -506,8 +536,8 @@ def test_concurrent_requests_are_batched(app, samples):
     assert codes == [200] * 16
     batched = sum(size * count for size, count in backend.batch_sizes.items() if size > 1) - before
     assert batched >= 4, dict(backend.batch_sizes)  # several requests shared a model call
-    assert max(backend.batch_sizes) <= app.extensions["serve.settings"].max_batch
-    metrics = app.test_client().get("/metrics").data.decode()
+    assert max(backend.batch_sizes) <= real_app.extensions["serve.settings"].max_batch
+    metrics = real_app.test_client().get("/metrics").data.decode()
     assert "serve_batch_size_bucket" in metrics
 
 
@@ -528,14 +558,14 @@ def test_form_page(client):
     assert 'enctype="multipart/form-data"' in page and 'type="file"' in page and "multiple" in page
 
 
-def test_form_results_show_images_labels_and_errors(client, samples, savedmodel):
+def test_form_results_show_images_labels_and_errors(client, samples):
     images, _ = samples
     response = client.post("/", data=upload(("first.png", png(images[0])), ("junk.txt", b"junk")))
     assert response.status_code == 200
     page = response.data.decode()
     assert "data:image/png;base64," + b64(png(images[0])) in page
     # Every class name is on the page (three bars); the headline and the bars' order are the model's.
-    ranking = [LABELS[c] for c in np.argsort(-model_probabilities(savedmodel, images[0]), kind="stable")]
+    ranking = [LABELS[c] for c in np.argsort(-fake_probabilities(images[0]), kind="stable")]
     # The headline is the label, or "none of the three classes" for an image the model finds foreign
     # (about one in twenty of the training set's kind, by export's threshold); the bars rank either way.
     assert re.findall(r'data-testid="(?:label|verdict)">([^<]*)<', page) in ([ranking[0]], ["none of the three classes"])

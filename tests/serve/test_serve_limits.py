@@ -209,6 +209,7 @@ def test_a_failing_part_fails_the_whole_request():
         batcher.close()
 
 
+@pytest.mark.end_to_end
 def test_the_local_backend_never_calls_the_model_with_more_than_max_batch(model_base):
     from serve import create_app
 

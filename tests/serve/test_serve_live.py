@@ -3,10 +3,14 @@
 import base64
 import concurrent.futures
 
+import pytest
 import requests
 
 import synthetic
 from live_server import live_server  # noqa: F401  (imported for its fixture)
+
+#: Every test here needs the model trained and exported in the session (tests/serve/conftest.py).
+pytestmark = pytest.mark.end_to_end
 
 
 def png(array):

@@ -19,6 +19,9 @@ TIMEOUT_S = 30
 BACKENDS = ("tfserving-rest", "tfserving-grpc")
 HANG_S = 2 * TIMEOUT_S
 
+#: Every test here needs the model trained and exported in the session (tests/serve/conftest.py).
+pytestmark = pytest.mark.end_to_end
+
 
 def _config(kind, standin, model_base, timeout_s=TIMEOUT_S):
     return {

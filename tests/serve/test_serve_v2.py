@@ -17,6 +17,9 @@ from live_server import live_server  # noqa: F401  (imported for its fixture)
 MODEL = contract.DEFAULT_MODEL_NAME
 PIXELS_SHAPE = [contract.IMAGE_SIZE, contract.IMAGE_SIZE, contract.CHANNELS]
 
+#: Every test here needs the model trained and exported in the session (tests/serve/conftest.py).
+pytestmark = pytest.mark.end_to_end
+
 
 @pytest.fixture(scope="module")
 def server(live_server):  # noqa: F811

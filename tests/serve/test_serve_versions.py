@@ -4,7 +4,12 @@ import os
 import shutil
 import time
 
+import pytest
+
 from serve import create_app
+
+#: Every test here needs the model trained and exported in the session (tests/serve/conftest.py).
+pytestmark = pytest.mark.end_to_end
 
 
 def _app_over_a_copy(model_base, models, poll_s):

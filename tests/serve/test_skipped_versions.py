@@ -7,9 +7,14 @@ import logging
 import os
 import shutil
 
+import pytest
+
 import contract
 from contract import manifest as manifests
 from runs import copy_run
+
+#: Every test here needs the model trained and exported in the session (tests/serve/conftest.py).
+pytestmark = pytest.mark.end_to_end
 
 
 def test_export_fails_when_the_default_runtimes_model_is_refused(trained_run, tmp_path, monkeypatch, capsys):

@@ -27,6 +27,9 @@ NAME = contract.DEFAULT_MODEL_NAME
 PIXELS, BYTES = contract.SIGNATURE_PIXELS, contract.SIGNATURE_BYTES
 TIMEOUT_S = 30
 
+#: Every test here needs the model trained and exported in the session (tests/serve/conftest.py).
+pytestmark = pytest.mark.end_to_end
+
 
 @pytest.fixture(scope="module")
 def images():

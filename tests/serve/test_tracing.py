@@ -106,6 +106,7 @@ def _hex(number, digits):
     return format(number, f"0{digits}x")
 
 
+@pytest.mark.end_to_end
 @pytest.mark.parametrize("route", ROUTES)
 def test_an_http_request_is_a_span_with_a_child_for_each_stage(traced, spans, route):
     path, body, span_name = ROUTES[route]
@@ -124,6 +125,7 @@ def test_an_http_request_is_a_span_with_a_child_for_each_stage(traced, spans, ro
     assert _named(found, "serve.model").attributes["serve.batch.images"] == 1
 
 
+@pytest.mark.end_to_end
 def test_without_a_traceparent_a_request_starts_its_own_trace(traced, spans):
     answer = traced.test_client().post("/api/v1/predict", json=ROUTES["api"][1]())
     assert answer.status_code == 200
@@ -131,12 +133,14 @@ def test_without_a_traceparent_a_request_starts_its_own_trace(traced, spans):
     assert request.parent is None and _hex(request.context.trace_id, 32) != TRACE_ID
 
 
+@pytest.mark.end_to_end
 def test_probes_and_scrapes_are_not_traced(traced, spans):
     client = traced.test_client()
     assert client.get("/healthz").status_code == 200 and client.get("/metrics").status_code == 200
     assert spans() == ()
 
 
+@pytest.mark.end_to_end
 def test_a_grpc_predict_is_a_span_with_its_stages(traced, spans):
     server, target = _grpc_target(traced)
     try:
@@ -159,6 +163,7 @@ def test_a_grpc_predict_is_a_span_with_its_stages(traced, spans):
     assert _named(found, "serve.decode").attributes["serve.images"] == 2
 
 
+@pytest.mark.end_to_end
 def test_grpc_health_checks_are_not_traced(traced, spans):
     from tfs_protos.grpc_health.v1 import health_pb2, health_pb2_grpc
 
@@ -171,6 +176,7 @@ def test_grpc_health_checks_are_not_traced(traced, spans):
     assert spans() == ()
 
 
+@pytest.mark.end_to_end
 @pytest.mark.parametrize("kind", ["tfserving-rest", "tfserving-grpc"])
 def test_the_tfserving_hop_is_a_client_span_whose_context_tf_serving_receives(model_base, memory, spans, tfserving, kind):  # noqa: F811
     app = _app(model_base, memory, BACKEND=kind, TRACES_EXPORTER="otlp", TFSERVING_REST_URL=tfserving.rest_url,
@@ -193,6 +199,7 @@ def test_the_tfserving_hop_is_a_client_span_whose_context_tf_serving_receives(mo
     assert hop.parent.span_id == request.context.span_id
 
 
+@pytest.mark.end_to_end
 def test_with_traces_off_nothing_is_recorded_or_passed_on(model_base, memory, spans, untraced, tfserving):  # noqa: F811
     client = untraced.test_client()
     for route, (path, body, _) in ROUTES.items():
@@ -236,6 +243,7 @@ class _Gate:
         return {"echo": images.copy()}
 
 
+@pytest.mark.end_to_end
 def test_a_queued_request_records_its_wait_and_the_batch_span_names_every_request(traced, memory, spans):
     from serve.backends.batcher import Batcher
 
@@ -308,6 +316,7 @@ def _json_objects(text):
         objects.append(value)
 
 
+@pytest.mark.end_to_end
 def test_console_prints_the_spans_of_one_request_from_a_real_server(model_base, tmp_path):
     out = tmp_path / "stdout.txt"
     grpc_port = free_port()

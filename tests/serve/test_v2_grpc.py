@@ -1,6 +1,6 @@
 """The Open Inference Protocol over gRPC (serve/protocols/v2_grpc.py), called with ``tritonclient.grpc``
 unchanged (and Triton's own generated stub where a test needs typed contents, which tritonclient never
-sends), on the server ``tfserving_grpc.make_server`` starts in-process over an app of ``model_base``: the
+sends), on the server ``tfserving_grpc.make_server`` starts in-process over an app of the fake backend: the
 port that also serves TF Serving's gRPC API and health."""
 
 import grpc
@@ -13,6 +13,7 @@ from tritonclient.utils import InferenceServerException
 import contract
 import grpc_servers
 import synthetic
+from fake_backend import make_app
 from tfs_protos import tensors
 from tfs_protos.grpc_health.v1 import health_pb2, health_pb2_grpc
 from tfs_protos.tensorflow_serving.apis import predict_pb2, prediction_service_pb2_grpc
@@ -26,15 +27,9 @@ DEADLINE_S = 60.0
 
 
 @pytest.fixture(scope="module")
-def app(model_base):
-    """The conftest app with API keys on and an 8-image cap (as tests/serve/test_grpc.py's)."""
-    from serve import create_app
-
-    app = create_app({"TESTING": True, "MODEL_DIR": str(model_base), "MODEL_NAME": MODEL, "MAX_UPLOAD_MB": 1,
-                      "API_KEYS": KEY, "MAX_IMAGES": MAX_IMAGES})
-    app.extensions["serve.backend"].wait_loaded()
-    yield app
-    app.extensions["serve.backend"].close()
+def app():
+    """The app over the fake backend with API keys on and an 8-image cap (as tests/serve/test_grpc.py's)."""
+    return make_app(MODEL_NAME=MODEL, API_KEYS=KEY, MAX_IMAGES=MAX_IMAGES)
 
 
 @pytest.fixture(scope="module")
