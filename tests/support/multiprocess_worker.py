@@ -46,8 +46,8 @@ def main():
     os.makedirs(directory, exist_ok=True)
     callbacks = trainer._callbacks
 
-    def with_digest(config, placement, workdir):
-        return callbacks(config, placement, workdir) + [digest_callback(directory, stop_after)]
+    def with_digest(*args):  # whatever the trainer's callbacks take, plus the digest
+        return callbacks(*args) + [digest_callback(directory, stop_after)]
 
     trainer._callbacks = with_digest
     return cli.main(argv)
