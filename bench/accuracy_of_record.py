@@ -89,6 +89,16 @@ def read_split(zip_path, split, count=None):
     return names, np.stack(images), labels, classes
 
 
+def version_dir_of(model_dir):
+    """``model_dir`` if it is a version directory ``N/``, else its highest version; SystemExit if it has none."""
+    if os.path.isfile(os.path.join(model_dir, "saved_model.pb")):
+        return model_dir
+    versions = sorted(int(v) for v in os.listdir(model_dir) if v.isdigit()) if os.path.isdir(model_dir) else []
+    if not versions:
+        raise SystemExit(f"error: no version directories under {model_dir}")
+    return os.path.join(model_dir, str(versions[-1]))
+
+
 def score(version_dir, images, labels, names, classes):
     """``{runtime: result}`` for every runtime whose model ``version_dir`` holds."""
     from contract import OUTPUT_PROBABILITIES
@@ -122,12 +132,7 @@ def main(argv=None):
                         "SavedModel's; or bench/airbench94_reference.py --predictions): McNemar against each of "
                         "its runs; bench/seed_summary.py compares several seeds of each")
     args = p.parse_args(argv)
-    version_dir = args.model_dir
-    if not os.path.isfile(os.path.join(version_dir, "saved_model.pb")):
-        versions = sorted(int(v) for v in os.listdir(version_dir) if v.isdigit())
-        if not versions:
-            raise SystemExit(f"error: no version directories under {version_dir}")
-        version_dir = os.path.join(version_dir, str(versions[-1]))
+    version_dir = version_dir_of(args.model_dir)
     names, images, labels, classes = test_split(args.data)
     results = score(version_dir, images, labels, names, classes)
     print(f"{len(names)} test images of {args.data}; model {version_dir}")
