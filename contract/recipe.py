@@ -12,8 +12,8 @@ with :class:`Recipe`, and the training CLI builds its flags before a Keras backe
 
 import dataclasses
 
-OPTIMIZERS = ("adam", "sgd", "sgd_pytorch")
-SCHEDULES = ("constant", "onecycle", "triangle")
+OPTIMIZERS = ("adam", "sgd", "sgd_pytorch", "muon")
+SCHEDULES = ("constant", "onecycle", "triangle", "linear")
 LR_SCALINGS = ("sqrt", "linear")
 
 
@@ -51,7 +51,8 @@ class Recipe:
     """A model's training hyperparameters; each one is also the ``python -m train`` flag of the same name."""
 
     optimizer: str = hyperparameter(
-        "adam", "optimizer: adam, sgd (Keras's Nesterov SGD) or sgd_pytorch (Nesterov SGD in PyTorch's form)",
+        "adam", "optimizer: adam, sgd (Keras's Nesterov SGD), sgd_pytorch (Nesterov SGD in PyTorch's form) or "
+                "muon (airbench94_muon's: Muon on the convolution kernels, sgd_pytorch on the other weights)",
         choices=OPTIMIZERS)
     learning_rate: float = hyperparameter(
         1e-3, "peak learning rate; the run scales it from --reference-batch to its own global batch by "
@@ -62,7 +63,8 @@ class Recipe:
         "sqrt", "how the rate follows the global batch: sqrt (Adam) or linear (SGD)", choices=LR_SCALINGS)
     schedule: str = hyperparameter(
         "constant", "learning-rate schedule: constant; onecycle (linear warmup from a tenth of the peak, then "
-                    "cosine decay to 0); triangle (0.2x the peak up to it, then down to 0.07x)", choices=SCHEDULES)
+                    "cosine decay to 0); triangle (0.2x the peak up to it, then down to 0.07x); linear (from the "
+                    "peak straight down to 0)", choices=SCHEDULES)
     warmup_fraction: float = hyperparameter(
         0.2, "onecycle and triangle: the rise to the peak rate", unit="fraction of all steps", low=0.0, high=1.0,
         metavar="FRACTION")
@@ -83,7 +85,15 @@ class Recipe:
         0.0, "decoupled weight decay", unit="fraction of each weight per step, times the learning rate", low=0.0,
         metavar="DECAY")
     momentum: float = hyperparameter(
-        0.9, "SGD momentum (sgd, sgd_pytorch)", unit="fraction of the velocity kept per step, 0-1", low=0.0, high=1.0)
+        0.9, "SGD momentum (sgd, sgd_pytorch, and muon's other weights)", unit="fraction of the velocity kept per step, 0-1",
+        low=0.0, high=1.0)
+    filter_learning_rate: float = hyperparameter(
+        0.24, "muon: peak rate of the convolution kernels, following --schedule; not scaled with the batch (the "
+              "update is orthogonalised)", unit="per step, on kernels held at norm sqrt(output channels)", low=0.0,
+        metavar="RATE")
+    filter_momentum: float = hyperparameter(
+        0.6, "muon: Nesterov momentum of the convolution kernels", unit="fraction of the velocity kept per step, 0-1",
+        low=0.0, high=1.0)
 
     def __post_init__(self):
         for field in dataclasses.fields(self):

@@ -32,6 +32,8 @@ def optimizer(recipe, learning_rate, schedule, total_steps):
         )
     elif schedule == "triangle":
         rate = triangle(learning_rate, warmup, total_steps)
+    elif schedule == "linear":
+        rate = keras.optimizers.schedules.PolynomialDecay(learning_rate, max(1, total_steps), end_learning_rate=0.0)
     elif schedule == "constant":
         rate = learning_rate
     else:
@@ -41,6 +43,10 @@ def optimizer(recipe, learning_rate, schedule, total_steps):
         return keras.optimizers.SGD(rate, momentum=recipe.momentum, nesterov=True, weight_decay=weight_decay)
     if recipe.optimizer == "sgd_pytorch":
         return pytorch_sgd(rate, momentum=recipe.momentum, weight_decay=weight_decay)
+    if recipe.optimizer == "muon":
+        filter_ratio = recipe.filter_learning_rate / learning_rate if learning_rate else 0.0
+        return muon(rate, filter_ratio, momentum=recipe.momentum, filter_momentum=recipe.filter_momentum,
+                    weight_decay=weight_decay)
     if recipe.optimizer == "adam":
         return keras.optimizers.Adam(rate, weight_decay=weight_decay)
     raise ValueError(f"unknown optimizer {recipe.optimizer!r}; choose from {', '.join(OPTIMIZERS)}")
@@ -68,6 +74,56 @@ def pytorch_sgd(learning_rate, momentum, weight_decay=None):
             self.assign_sub(variable, ops.multiply(learning_rate, ops.add(gradient, ops.multiply(velocity, momentum))))
 
     return PyTorchSGD(learning_rate, momentum=momentum, nesterov=True, weight_decay=weight_decay)
+
+
+def muon(learning_rate, filter_ratio, momentum, filter_momentum, weight_decay=None, steps=3):
+    """airbench94_muon's optimizer: Muon on the convolution kernels, :func:`pytorch_sgd` on every other weight.
+
+    A kernel (a 4-D trainable weight) takes a Nesterov step (``filter_momentum``) whose direction is
+    orthogonalised by ``steps`` Newton-Schulz iterations (the kernel read as a matrix of input taps
+    by output channels), after the kernel is rescaled to a norm of sqrt(output channels); its rate is
+    ``filter_ratio`` x the scheduled rate. With BatchNorm after each convolution a kernel's scale
+    does not change the network, so holding it fixed leaves the step size to the rate alone.
+    """
+    import keras
+    from keras import ops
+
+    class Muon(keras.optimizers.SGD):
+        def update_step(self, gradient, variable, learning_rate):
+            learning_rate = ops.cast(learning_rate, variable.dtype)
+            gradient = ops.cast(gradient, variable.dtype)
+            velocity = self.momentums[self._get_variable_index(variable)]
+            kept = momentum if len(variable.shape) != 4 else filter_momentum
+            self.assign(velocity, ops.add(ops.multiply(velocity, kept), gradient))
+            step = ops.add(gradient, ops.multiply(velocity, kept))
+            if len(variable.shape) != 4:
+                self.assign_sub(variable, ops.multiply(learning_rate, step))
+                return
+            outputs = variable.shape[-1]
+            weight = ops.multiply(variable, outputs ** 0.5 / ops.sqrt(ops.sum(ops.square(variable))))
+            direction = ops.reshape(orthogonalise(ops.reshape(step, (-1, outputs)), steps), variable.shape)
+            self.assign(variable, ops.subtract(weight, ops.multiply(learning_rate * filter_ratio, direction)))
+
+    return Muon(learning_rate, momentum=momentum, nesterov=True, weight_decay=weight_decay)
+
+
+def orthogonalise(matrix, steps=3, eps=1e-7):
+    """Muon's quintic Newton-Schulz iteration: ``matrix`` with its singular values pushed toward 1 (roughly 0.5-1.5).
+
+    The coefficients (3.4445, -4.7750, 2.0315) maximise the slope at zero, so three steps suffice
+    for an update direction; the singular vectors are ``matrix``'s.
+    """
+    from keras import ops
+
+    a, b, c = 3.4445, -4.7750, 2.0315
+    x = ops.divide(matrix, ops.sqrt(ops.sum(ops.square(matrix))) + eps)  # every singular value at most 1
+    tall = matrix.shape[0] > matrix.shape[1]
+    if tall:
+        x = ops.transpose(x)
+    for _ in range(steps):
+        gram = ops.matmul(x, ops.transpose(x))
+        x = ops.add(a * x, ops.matmul(ops.add(b * gram, c * ops.matmul(gram, gram)), x))
+    return ops.transpose(x) if tall else x
 
 
 def triangle(peak, warmup_steps, total_steps, start=0.2, end=0.07):
