@@ -258,9 +258,9 @@ def muon_callbacks(total_steps):
     return [HoldFrom(whiten_bias, WHITEN_BIAS_EPOCHS)]
 
 
-def _conv(filters, name):
+def _conv(filters, name, l2=L2):
     return layers.Conv2D(filters, 3, padding="same", use_bias=False, kernel_initializer=PartialIdentity(),
-                         kernel_regularizer=keras.regularizers.L2(L2), name=name)
+                         kernel_regularizer=keras.regularizers.L2(l2) if l2 else None, name=name)
 
 
 def _norm_gelu(x, name):
@@ -270,7 +270,7 @@ def _norm_gelu(x, name):
     return layers.Activation("gelu", name=f"{name}_gelu")(x)
 
 
-def _network(num_classes, widths=WIDTHS, whiten_gain=1.0):
+def _network(num_classes, widths=WIDTHS, whiten_gain=1.0, kernel_l2=L2):
     inputs = keras.Input(shape=INPUT_SHAPE, name="pixels")
     x = layers.Normalization(mean=CIFAR10_MEAN, variance=[s * s for s in CIFAR10_STD], name="normalize")(inputs)
     x = layers.Conv2D(2 * WHITEN_PATCH * WHITEN_PATCH * INPUT_SHAPE[-1], WHITEN_PATCH, use_bias=False,
@@ -278,10 +278,10 @@ def _network(num_classes, widths=WIDTHS, whiten_gain=1.0):
     x = Shift(gain=whiten_gain, name="whiten_bias")(x)
     x = layers.Activation("gelu", name="whiten_gelu")(x)
     for group, width in enumerate(widths, start=1):
-        x = _conv(width, f"group{group}_conv1")(x)
+        x = _conv(width, f"group{group}_conv1", kernel_l2)(x)
         x = layers.MaxPooling2D(2, name=f"group{group}_pool")(x)
         x = _norm_gelu(x, f"group{group}_1")
-        x = _conv(width, f"group{group}_conv2")(x)
+        x = _conv(width, f"group{group}_conv2", kernel_l2)(x)
         x = _norm_gelu(x, f"group{group}_2")
     x = layers.MaxPooling2D(3, name="final_pool")(x)
     x = layers.Flatten(name="flatten")(x)
@@ -292,16 +292,18 @@ def _network(num_classes, widths=WIDTHS, whiten_gain=1.0):
 
 
 @register("airbench", AIRBENCH_RECIPE, prepare=whiten_from, callbacks=training_callbacks)
-def airbench(num_classes, widths=WIDTHS, name="airbench", whiten_gain=1.0):
+def airbench(num_classes, widths=WIDTHS, name="airbench", whiten_gain=1.0, kernel_l2=L2):
     """airbench94's network (about 2 M parameters) with its test-time views inside the model.
 
     ``widths``: the channels of the three conv groups; every registered member of the family
     (``airbench``, ``airbench_fast``, ``airbench_muon``) is this one builder at its own widths.
     ``whiten_gain``: the whitening bias's :class:`Shift` gain (airbench94 trains it at the rate of the
-    kernels, 1; airbench94_muon at the BN shifts', BIAS_GAIN).
+    kernels, 1; airbench94_muon at the BN shifts', BIAS_GAIN). ``kernel_l2``: the convolution kernels' L2
+    penalty (0: none, as under Muon, which holds each kernel's norm; a penalty there would put the
+    kernel itself into the orthogonalised step, where the norm's reset undoes it).
     """
     inputs = keras.Input(shape=INPUT_SHAPE, name="images")
-    logits = Views(_network(num_classes, tuple(widths), whiten_gain), name="views")(inputs)
+    logits = Views(_network(num_classes, tuple(widths), whiten_gain, kernel_l2), name="views")(inputs)
     outputs = layers.Softmax(dtype="float32", name="probabilities")(logits)
     return keras.Model(inputs, outputs, name=name)
 
@@ -315,4 +317,4 @@ def airbench_fast(num_classes):
 @register("airbench_muon", AIRBENCH_MUON_RECIPE, prepare=whiten_from, callbacks=muon_callbacks)
 def airbench_muon(num_classes):
     """airbench's network at FAST_WIDTHS, trained by AIRBENCH_MUON_RECIPE (Muon on the kernels)."""
-    return airbench(num_classes, widths=FAST_WIDTHS, name="airbench_muon", whiten_gain=BIAS_GAIN)
+    return airbench(num_classes, widths=FAST_WIDTHS, name="airbench_muon", whiten_gain=BIAS_GAIN, kernel_l2=0.0)

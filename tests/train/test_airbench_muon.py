@@ -97,6 +97,11 @@ def test_the_muon_recipe_is_airbench94_muons_at_the_fast_widths():
     network = model.get_layer("views").network
     assert network.get_layer("whiten_bias").gain == airbench.BIAS_GAIN  # the whitening bias at the shifts' rate
     assert network.get_layer("group3_conv2").filters == airbench.FAST_WIDTHS[-1]
+    # No L2 on the kernels (Muon holds their norm); the head and the shifts keep airbench's.
+    assert all(network.get_layer(f"group{g}_conv{c}").kernel_regularizer is None for g in (1, 2, 3) for c in (1, 2))
+    assert network.get_layer("logits").kernel_regularizer is not None
+    fast = models.build_model("airbench_fast", num_classes=10).get_layer("views").network
+    assert fast.get_layer("group1_conv1").kernel_regularizer is not None
 
 
 def test_a_tiny_run_of_airbench_muon_learns_and_exports_by_its_name(tmp_path):
