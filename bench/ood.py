@@ -37,6 +37,7 @@ from accuracy_of_record import test_split, wilson  # noqa: E402
 from contract import ASSETS_EXTRA, MANIFEST_FILE, WEIGHTS_FILE  # noqa: E402
 from contract import confidence as rules  # noqa: E402
 from contract import manifest as manifests  # noqa: E402
+from contract import published as publications  # noqa: E402
 
 #: name -> score of each image from its logits; higher means more foreign.
 SCORES = {
@@ -108,7 +109,7 @@ def calibration(test_z, test_labels, temperature):
 
 
 def measure(logits, test_images, test_labels, sets, exported=None):
-    """``exported``: the version's :class:`contract.manifest.Confidence`, or None for temperature 1 and no threshold."""
+    """``exported``: the version's :class:`contract.published.Confidence`, or None for temperature 1 and no threshold."""
     test_z = logits(test_images)
     temperature = exported.temperature if exported is not None else 1.0
     threshold = exported.ood.threshold if exported is not None else None
@@ -167,7 +168,7 @@ def main(argv=None):
     args = parser.parse_args(argv)
     exported = None
     if args.version_dir:
-        exported = manifests.read_published(os.path.join(args.version_dir, ASSETS_EXTRA, MANIFEST_FILE)).confidence
+        exported = publications.read_published(os.path.join(args.version_dir, ASSETS_EXTRA, MANIFEST_FILE)).confidence
     manifest, logits = run_logits(args.run)
     _, images, labels, classes = test_split(args.data)
     if classes != manifest.class_names:

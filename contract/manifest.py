@@ -1,12 +1,11 @@
-"""The manifest: what a training run hands to export, and what a published model carries.
+"""The run's manifest: what a training run writes and hands to export.
 
 Training writes ``RUN/manifest.json`` last (its presence means the run is complete): a
-:class:`Manifest`. Export reads it, checks the weights against its fingerprint, and publishes a
-:class:`Published` copy in ``models/NAME/N/assets.extra/``: the run's manifest plus an
-:class:`Export` section (where the version came from, its signatures, the LiteRT checks) and a
-:class:`Confidence` section (the temperature and the out-of-distribution threshold). The server
-reads that copy. Every stage goes through :func:`read`, :func:`read_published` and :func:`write`,
-and every section is a frozen dataclass here, so a field has one name, one type and one meaning.
+:class:`Manifest`. Export reads it and checks the weights against its fingerprint. What export adds
+when it publishes a version (the :class:`contract.published.Published` copy a server reads) lives in
+:mod:`contract.published`, built on this module's loader. Every stage goes through :func:`read` and
+:func:`write` (and :func:`contract.published.read_published`), and every section is a frozen dataclass,
+so a field has one name, one type and one meaning.
 
 Pure Python (no TensorFlow), like the rest of :mod:`contract`.
 
@@ -186,143 +185,6 @@ class Manifest:
         return manifest
 
 
-# --- The published copy: what export adds -------------------------------------------------------
-
-
-@_section
-class Tensor:
-    dtype: str
-    shape: list  # -1: any size
-
-
-@_section
-class Signature:
-    inputs: dict[str, Tensor]
-    outputs: dict[str, Tensor]
-
-
-@_section
-class Gate:  # what a LiteRT model must meet to be published (export/litert.py)
-    float_tolerance: float
-    int8_min_agreement: float
-
-
-@_section
-class CheckedOn:
-    images: int
-    source: str
-
-
-@_section
-class Int8Calibration:
-    images: int
-    source: str
-    float_ops: list  # operators kept in float32
-    float_layers: list  # Keras layers kept in float32
-
-
-@_section
-class RuntimeCheck:  # one LiteRT model against the SavedModel: published, or refused and why
-    file: str
-    published: bool
-    reason: str | None = None  # why it was not published
-    images: int | None = None
-    agreement: float | None = None  # share of images given the SavedModel's class
-    disagreements: int | None = None
-    max_abs_diff: float | None = None  # largest probability difference
-    accuracy: float | None = None  # against the sample's labels
-    bytes: int | None = None
-    ood_score_max_abs_diff: float | None = None
-    calibration: Int8Calibration | None = None  # int8 only
-
-
-@_section
-class LiteRT:  # export/litert.py's checks: the gate, the images, each runtime's model by runtime name
-    gate: Gate
-    checked_on: CheckedOn
-    savedmodel_accuracy: float  # the SavedModel's own accuracy on the same images
-    runtimes: dict[str, RuntimeCheck]  # contract.RUNTIME_LITERT and contract.RUNTIME_LITERT_INT8
-
-
-@_section
-class Export:  # where a published version came from
-    model_name: str
-    version: int
-    exported: str  # ISO 8601, UTC
-    run_dir: str
-    resize: str  # how predict_images brings other sizes to 32x32
-    signatures: dict[str, Signature]
-    litert: LiteRT
-
-
-@_section
-class Ood:  # the out-of-distribution score (contract.confidence) and the threshold chosen for it
-    method: str
-    higher_is: str
-    definition: str
-    threshold: float | None  # None: no held-out images to choose one on
-    pass_rate: float | None = None
-    held_out_passing: float | None = None
-
-
-@_section
-class FittedOn:
-    file: str
-    images: int
-    sha256: str
-
-
-@_section
-class FittedTemperature:
-    temperature: float  # what the search found, before any fallback to 1
-    search_range: list
-
-
-@_section
-class BeforeAfter:
-    before: float
-    after: float
-
-
-@_section
-class Ece:
-    before: float
-    after: float
-    bins: int
-
-
-@_section
-class HeldOut:  # the held-out images' measures at temperature 1 (before) and the served one (after)
-    accuracy: float
-    nll: BeforeAfter
-    ece: Ece
-
-
-@_section
-class Confidence:  # how the served probabilities and verdicts are made (export/calibration.py)
-    temperature: float  # the served probabilities are softmax(logits / temperature)
-    calibrated: bool
-    ood: Ood
-    why: str | None = None  # why the probabilities are not calibrated
-    fitted_on: FittedOn | None = None
-    fitted: FittedTemperature | None = None
-    held_out: HeldOut | None = None
-
-
-@dataclasses.dataclass(frozen=True, kw_only=True)
-class Published(Manifest):
-    """A published version's ``assets.extra/manifest.json``: the run's manifest, how it was exported, its confidence."""
-
-    export: Export
-    confidence: Confidence
-
-    @classmethod
-    def of(cls, manifest, export, confidence):
-        """The published copy of the run ``manifest``."""
-        return cls(**{f.name: getattr(manifest, f.name) for f in dataclasses.fields(Manifest)},
-                   export=export, confidence=confidence)
-
-
 # --- Reading and writing ----------------------------------------------------------------------
 
 
@@ -384,13 +246,8 @@ def read(path, kind=Manifest):
     return kind.from_dict(raw, source=path)
 
 
-def read_published(path):
-    """The :class:`Published` manifest at ``path`` (a version's ``assets.extra/manifest.json``)."""
-    return read(path, Published)
-
-
 def write(path, manifest):
-    """Write ``manifest`` (a :class:`Manifest` or :class:`Published`) to ``path`` atomically: a kill never leaves half a file."""
+    """Write ``manifest`` (a :class:`Manifest`, published or not) to ``path`` atomically: a kill never leaves half a file."""
     if not isinstance(manifest, Manifest):
         raise TypeError(f"write takes a contract.manifest.Manifest, not {type(manifest).__name__}")
     fd, tmp = tempfile.mkstemp(dir=os.path.dirname(os.path.abspath(path)), prefix=".tmp-", suffix=".json")

@@ -6,7 +6,7 @@ minimises the held-out images' negative log-likelihood and the threshold that
 ``contract.confidence.PASS_RATE`` of their scores pass; without one the probabilities are served
 as trained (temperature 1), the score is still served, and no model answers ``in_distribution``.
 The test split is never used. What it fitted is the published manifest's
-:class:`contract.manifest.Confidence` section; :func:`outputs` is what the exported graphs compute
+:class:`contract.published.Confidence` section; :func:`outputs` is what the exported graphs compute
 from it, in NumPy, for export's checks of every written model.
 """
 
@@ -16,7 +16,7 @@ import numpy as np
 
 from contract import HOLDOUT_FILE, IMAGE_SIZE, OUTPUT_IN_DISTRIBUTION, OUTPUT_OOD_SCORE, OUTPUT_PROBABILITIES
 from contract import confidence as rules
-from contract import manifest as manifests
+from contract import published as publications
 from contract import sha256_file
 from export import ExportError
 
@@ -41,11 +41,11 @@ def logits(logits_model, images):
 
 
 def fit(logits_model, manifest, run_dir):
-    """The :class:`contract.manifest.Confidence` of the run in ``run_dir``, fitted on its held-out images when it has them."""
+    """The :class:`contract.published.Confidence` of the run in ``run_dir``, fitted on its held-out images when it has them."""
     method = dict(method=rules.METHOD, higher_is="more foreign", definition="-logsumexp(logits), the logits at temperature 1")
     if manifest.holdout is None:
-        return manifests.Confidence(
-            temperature=1.0, calibrated=False, ood=manifests.Ood(**method, threshold=None),
+        return publications.Confidence(
+            temperature=1.0, calibrated=False, ood=publications.Ood(**method, threshold=None),
             why="the run kept no training images out of training (python -m train --holdout N), and the "
                 "test split is never used to fit anything")
     images, labels = read_holdout(run_dir, manifest.holdout)
@@ -63,16 +63,16 @@ def fit(logits_model, manifest, run_dir):
     else:
         temperature = fitted
     before, after = rules.softmax(z), rules.softmax(z, temperature)
-    return manifests.Confidence(
+    return publications.Confidence(
         temperature=float(temperature), calibrated=why is None, why=why,
-        fitted_on=manifests.FittedOn(file=HOLDOUT_FILE, images=int(len(labels)), sha256=manifest.holdout.sha256),
-        fitted=manifests.FittedTemperature(temperature=float(fitted), search_range=list(rules.TEMPERATURE_RANGE)),
-        held_out=manifests.HeldOut(
+        fitted_on=publications.FittedOn(file=HOLDOUT_FILE, images=int(len(labels)), sha256=manifest.holdout.sha256),
+        fitted=publications.FittedTemperature(temperature=float(fitted), search_range=list(rules.TEMPERATURE_RANGE)),
+        held_out=publications.HeldOut(
             accuracy=float(np.mean(before.argmax(axis=1) == labels)),
-            nll=manifests.BeforeAfter(before=rules.nll(z, labels), after=rules.nll(z, labels, temperature)),
-            ece=manifests.Ece(before=rules.expected_calibration_error(before, labels),
+            nll=publications.BeforeAfter(before=rules.nll(z, labels), after=rules.nll(z, labels, temperature)),
+            ece=publications.Ece(before=rules.expected_calibration_error(before, labels),
                               after=rules.expected_calibration_error(after, labels), bins=rules.ECE_BINS)),
-        ood=manifests.Ood(**method, threshold=threshold, pass_rate=rules.PASS_RATE,
+        ood=publications.Ood(**method, threshold=threshold, pass_rate=rules.PASS_RATE,
                           held_out_passing=float(np.mean(rules.in_distribution(scores, threshold)))),
     )
 

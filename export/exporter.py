@@ -28,7 +28,7 @@ otherwise; an existing version is never overwritten) holding:
 * ``assets.extra/manifest.json`` - the training manifest plus an ``export`` section
   (model name, version, signatures, export time, the LiteRT models' checks) and a
   ``confidence`` section (temperature and threshold), written through
-  :class:`contract.manifest.Published`: where a served model came from, and how it answers;
+  :class:`contract.published.Published`: where a served model came from, and how it answers;
 * ``model.tflite`` and ``model.int8.tflite`` - ``serving_default`` as LiteRT models, float32
   and int8, each published only when it agrees with the SavedModel on the run's test sample
   (``export/litert.py`` says how, and what happens when one does not).
@@ -61,6 +61,7 @@ from contract import (
     sha256_file,
 )
 from contract import manifest as manifests
+from contract import published as publications
 from contract.arguments import add_renamed, positive_int
 from export import ExportError, calibration, litert
 from export.savedmodel import format_signatures, save, write_warmup
@@ -229,21 +230,21 @@ def _write_assets(path, manifest, name, version, signatures, run_dir, images, li
     extra = os.path.join(path, ASSETS_EXTRA)
     os.makedirs(extra, exist_ok=True)
     write_warmup(os.path.join(extra, WARMUP_FILE), name, images)
-    export = manifests.Export(
+    export = publications.Export(
         model_name=name,
         version=version,
         exported=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         run_dir=os.path.abspath(run_dir),
         resize=f"tf.image.resize(method={RESIZE_METHOD!r}, antialias=True), skipped for {IMAGE_SIZE}x{IMAGE_SIZE} inputs",
         signatures={
-            sig: manifests.Signature(**{kind: {key: manifests.Tensor(dtype=dtype, shape=list(shape))
+            sig: publications.Signature(**{kind: {key: publications.Tensor(dtype=dtype, shape=list(shape))
                                                for key, (dtype, shape) in tensors.items()}
                                         for kind, tensors in desc.items()})
             for sig, desc in signatures.items()
         },
         litert=lite,  # export/litert.py: what was checked, published or refused, and why
     )
-    manifests.write(os.path.join(extra, MANIFEST_FILE), manifests.Published.of(manifest, export, confidence))
+    manifests.write(os.path.join(extra, MANIFEST_FILE), publications.Published.of(manifest, export, confidence))
 
 
 def build_parser():
@@ -269,7 +270,7 @@ def exported_version(run_dir, model_dir, name):
     weights = _read_manifest(run_dir).weights.sha256
     for path in sorted(glob.glob(os.path.join(model_dir, name, "*", ASSETS_EXTRA, MANIFEST_FILE))):
         try:
-            if manifests.read_published(path).weights.sha256 == weights:
+            if publications.read_published(path).weights.sha256 == weights:
                 return os.path.dirname(os.path.dirname(path))
         except manifests.ManifestError:
             continue  # a version this code cannot read was not made from this run
@@ -282,7 +283,7 @@ EXIT_DEFAULT_RUNTIME_REFUSED = 3
 
 def default_runtime_refusal(version_dir):
     """Why export refused the default serving runtime's model in ``version_dir``, or None when it published it."""
-    served = manifests.read_published(os.path.join(version_dir, ASSETS_EXTRA, MANIFEST_FILE))
+    served = publications.read_published(os.path.join(version_dir, ASSETS_EXTRA, MANIFEST_FILE))
     check = served.export.litert.runtimes[DEFAULT_SERVING_RUNTIME]
     return None if check.published else check.reason
 

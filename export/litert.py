@@ -21,7 +21,7 @@ sample and compared with the written SavedModel on the same images:
 
 A model that fails its check is not published: the reason is printed on stderr and recorded in
 the published manifest, and the SavedModel and the other model are published as usual. The
-manifest's ``export.litert`` section (:class:`contract.manifest.LiteRT`) records, per model, the
+manifest's ``export.litert`` section (:class:`contract.published.LiteRT`) records, per model, the
 agreement, the accuracy against the sample's labels (beside the SavedModel's own), the largest
 probability difference and the file size. A run whose samples file is missing or is not the one
 its manifest describes cannot be checked, and is refused (:class:`export.ExportError`).
@@ -46,7 +46,7 @@ from contract import (
     SIGNATURE_PIXELS,
     sha256_file,
 )
-from contract import manifest as manifests
+from contract import published as publications
 from export import ExportError
 from export.savedmodel import CONFIDENCE_SCOPE
 
@@ -86,7 +86,7 @@ BATCH = 64
 
 
 def export(version_dir, run_dir, samples, verbose=1):
-    """Write and check the LiteRT models in ``version_dir``; return the manifest's :class:`contract.manifest.LiteRT`.
+    """Write and check the LiteRT models in ``version_dir``; return the manifest's :class:`contract.published.LiteRT`.
 
     Args:
       version_dir: the not yet published version directory holding the checked SavedModel.
@@ -153,13 +153,13 @@ def export(version_dir, run_dir, samples, verbose=1):
     publish(RUNTIME_LITERT_INT8, int8, lambda entry: int8_refusal(entry["agreement"], entry["images"]))
     # Only the FLOAT_LAYERS this model has (their operators keep their names in the int8 model).
     kept = [layer for layer in FLOAT_LAYERS if made and layer_nodes(made[-1], [layer])]
-    checks[RUNTIME_LITERT_INT8]["calibration"] = manifests.Int8Calibration(
+    checks[RUNTIME_LITERT_INT8]["calibration"] = publications.Int8Calibration(
         images=len(calibration), source=f"{SAMPLES_FILE} train_images", float_ops=list(FLOAT_HEAD_OPS), float_layers=kept)
-    return manifests.LiteRT(
-        gate=manifests.Gate(float_tolerance=FLOAT_TOLERANCE, int8_min_agreement=AGREEMENT_GATE),
-        checked_on=manifests.CheckedOn(images=len(test_images), source=f"{SAMPLES_FILE} test_images"),
+    return publications.LiteRT(
+        gate=publications.Gate(float_tolerance=FLOAT_TOLERANCE, int8_min_agreement=AGREEMENT_GATE),
+        checked_on=publications.CheckedOn(images=len(test_images), source=f"{SAMPLES_FILE} test_images"),
         savedmodel_accuracy=_accuracy(expected, test_labels),
-        runtimes={runtime: manifests.RuntimeCheck(**entry) for runtime, entry in checks.items()})
+        runtimes={runtime: publications.RuntimeCheck(**entry) for runtime, entry in checks.items()})
 
 
 def int8_refusal(agreement, images):

@@ -17,6 +17,25 @@ TOP_PROBABILITY_BUCKETS = (0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 0.95, 0.98, 0
 OOD_SCORE_BUCKETS = (-50, -40, -30, -25, -20, -17.5, -15, -12.5, -10, -8, -6, -4, -2, 0, 5)
 
 
+class _Children(dict):
+    """Children of labelled metrics by their label values, made by ``make(key)`` on the first miss and kept.
+
+    ``labels()`` checks and converts its values on every call; a hit here is one dict lookup (``__missing__``
+    runs only on a miss), so the per-request paths cost no more than that. Label values come from small
+    fixed sets (routes, methods, statuses, model versions), so the cache stays small.
+    """
+
+    __slots__ = ("_make",)
+
+    def __init__(self, make):
+        super().__init__()
+        self._make = make
+
+    def __missing__(self, key):
+        children = self[key] = self._make(key)
+        return children
+
+
 class Metrics:
     """This app's metrics, in its own registry (or in the shared multiprocess files)."""
 
@@ -69,9 +88,9 @@ class Metrics:
             ["reason", "area"],
             **kw,
         )
-        # Children of the labelled metrics each request observes, by their label values (see request_answered).
-        self._request_children = {}
-        self._answer_children = {}
+        # Children of the labelled metrics each request and each model call observe, by their label values.
+        self._request_children = _Children(self._request_children_of)
+        self._answer_children = _Children(self._answer_children_of)
 
         # What the answers say about the images sent (drift): per model version, on every route.
         self.top_probability = Histogram(
@@ -91,19 +110,20 @@ class Metrics:
         """Observe one HTTP answer: its duration in seconds (None: not timed) and its count, by route, method and status.
 
         ``route`` and ``method`` come from fixed sets (the app's rules, :data:`METHODS`), so the children are
-        looked up once for each combination and kept: ``labels()`` checks and converts its values on every call.
+        looked up once for each combination and kept (:class:`_Children`).
         """
-        children = self._request_children.get((route, method, status))
-        if children is None:
-            children = (self.latency.labels(route, method), self.requests.labels(route, method, str(status)))
-            self._request_children[(route, method, status)] = children
+        children = self._request_children[(route, method, status)]
         if seconds is not None:
             children[0].observe(seconds)
         children[1].inc()
 
+    def _request_children_of(self, key):
+        route, method, status = key
+        return self.latency.labels(route, method), self.requests.labels(route, method, str(status))
+
     def answers(self, version, outputs):
         """Observe one model call's answers: every image's top probability, score and verdict."""
-        top, score, foreign_count = self._answer_children.get(version) or self._answer_children_of(version)
+        top, score, foreign_count = self._answer_children[version]  # a server answers with a few versions
         for p in np.asarray(outputs[OUTPUT_PROBABILITIES]).max(axis=1).tolist():
             top.observe(p)
         if OUTPUT_OOD_SCORE in outputs:
@@ -115,11 +135,8 @@ class Metrics:
                 foreign_count.inc(foreign)
 
     def _answer_children_of(self, version):
-        """The drift metrics' children of ``version``, made once (a server answers with a few versions)."""
         label = str(version)
-        children = (self.top_probability.labels(label), self.ood_score.labels(label), self.out_of_distribution.labels(label))
-        self._answer_children[version] = children
-        return children
+        return self.top_probability.labels(label), self.ood_score.labels(label), self.out_of_distribution.labels(label)
 
     def model_loaded(self, runtime, version):
         """Record that ``version`` now answers in ``runtime`` (the previous one, if any, goes to 0)."""

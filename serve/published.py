@@ -3,7 +3,7 @@
 import os
 
 from contract import ASSETS_EXTRA, MANIFEST_FILE
-from contract import manifest as manifests
+from contract import published as publications
 
 SAVED_MODEL_FILE = "saved_model.pb"
 
@@ -24,12 +24,12 @@ def versions(model_dir, model_file=SAVED_MODEL_FILE):
 
 
 def manifest_path(version_dir):
-    """Where export puts a version's :class:`contract.manifest.Published` manifest."""
+    """Where export puts a version's :class:`contract.published.Published` manifest."""
     return os.path.join(version_dir, ASSETS_EXTRA, MANIFEST_FILE)
 
 
 def manifest(version_dir):
-    """The manifest export copied into ``assets.extra``, as a :class:`contract.manifest.Published`.
+    """The manifest export copied into ``assets.extra``, as a :class:`contract.published.Published`.
 
     None when there is none (a SavedModel from elsewhere: the server serves it without the
     manifest's class names and confidence facts). A manifest this version cannot use, an older
@@ -40,4 +40,4 @@ def manifest(version_dir):
     path = manifest_path(version_dir)
     if not os.path.exists(path):
         return None
-    return manifests.read_published(path)
+    return publications.read_published(path)

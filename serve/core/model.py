@@ -27,7 +27,7 @@ class Confidence:
 
     @classmethod
     def from_manifest(cls, manifest):
-        """The :class:`contract.manifest.Published` manifest's confidence section; None without a manifest."""
+        """The :class:`contract.published.Published` manifest's confidence section; None without a manifest."""
         if manifest is None:
             return None
         section = manifest.confidence
@@ -60,7 +60,7 @@ class ModelInfo:
     @classmethod
     def build(cls, name, version, signature_defs, manifest=None, **fields):
         """The info of ``version``, its facts from ``signature_defs`` and the published ``manifest``
-        (a :class:`contract.manifest.Published`, or None for a SavedModel from elsewhere)."""
+        (a :class:`contract.published.Published`, or None for a SavedModel from elsewhere)."""
         have = (signature_defs or {}).get(SIGNATURE_PIXELS, {}).get("outputs", {})
         return cls(
             name=name, version=version, signature_defs=dict(signature_defs or {}),

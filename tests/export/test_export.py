@@ -28,6 +28,7 @@ from contract import (
     WEIGHTS_FILE,
 )
 from contract import manifest as manifests
+from contract import published as publications
 from export import exporter, savedmodel
 
 TOLERANCE = 1e-5
@@ -63,7 +64,7 @@ def loaded(version_dir):
 
 @pytest.fixture(scope="module")
 def temperature(version_dir):
-    return manifests.read_published(str(version_dir / ASSETS_EXTRA / MANIFEST_FILE)).confidence.temperature
+    return publications.read_published(str(version_dir / ASSETS_EXTRA / MANIFEST_FILE)).confidence.temperature
 
 
 def _calibrated(probabilities, temperature):
@@ -146,7 +147,7 @@ def test_manifest_copy_says_where_the_model_came_from(version_dir, manifest, tra
     assert served["model"] == manifest["model"]
     assert served["class_names"] == manifest["class_names"]
     assert served["fingerprint"] == manifest["fingerprint"]
-    assert served["format"] == manifests.FORMAT and set(served) == {f.name for f in dataclasses.fields(manifests.Published)} | {"num_classes"}
+    assert served["format"] == manifests.FORMAT and set(served) == {f.name for f in dataclasses.fields(publications.Published)} | {"num_classes"}
     export = served["export"]
     assert export["model_name"] == "cifar10"
     assert export["version"] == 1

@@ -16,6 +16,7 @@ import requests
 import contract
 import synthetic
 from contract import manifest as manifests
+from contract import published as publications
 from live_server import start_server, stop_server
 from runs import copy_run
 
@@ -23,8 +24,8 @@ RUNTIMES = ("litert", "litert-int8", "savedmodel")
 
 
 def published(version_dir):
-    """The published manifest's LiteRT checks (a contract.manifest.LiteRT)."""
-    return manifests.read_published(str(version_dir / contract.ASSETS_EXTRA / contract.MANIFEST_FILE)).export.litert
+    """The published manifest's LiteRT checks (a contract.published.LiteRT)."""
+    return publications.read_published(str(version_dir / contract.ASSETS_EXTRA / contract.MANIFEST_FILE)).export.litert
 
 
 def sample_images(trained_run):

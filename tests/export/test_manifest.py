@@ -1,4 +1,4 @@
-"""The handover's one definition: every stage reads and writes the manifest through contract.manifest, typed end to end."""
+"""The handover's one definition: every stage reads and writes the manifest through contract.manifest and contract.published, typed end to end."""
 
 import dataclasses
 import json
@@ -7,6 +7,7 @@ import pytest
 
 from contract import MANIFEST_FILE
 from contract import manifest as manifests
+from contract import published as publications
 from contract.recipe import Recipe
 from train import models
 
@@ -35,10 +36,10 @@ def test_a_training_run_round_trips_unchanged(trained_run, tmp_path):
 
 def test_the_published_copy_is_typed_and_round_trips(model_base, tmp_path):
     path = model_base / "1" / "assets.extra" / MANIFEST_FILE
-    published = manifests.read_published(str(path))
-    assert isinstance(published.export, manifests.Export) and isinstance(published.confidence, manifests.Confidence)
+    published = publications.read_published(str(path))
+    assert isinstance(published.export, publications.Export) and isinstance(published.confidence, publications.Confidence)
     assert published.export.version == 1 and published.export.model_name == "cifar10"
-    assert isinstance(published.export.litert.runtimes["litert"], manifests.RuntimeCheck)
+    assert isinstance(published.export.litert.runtimes["litert"], publications.RuntimeCheck)
     assert isinstance(published.confidence.ood.threshold, float)
     copy = tmp_path / MANIFEST_FILE
     manifests.write(str(copy), published)
@@ -47,7 +48,7 @@ def test_the_published_copy_is_typed_and_round_trips(model_base, tmp_path):
     without_export = published.to_dict()
     del without_export["export"]
     with pytest.raises(manifests.ManifestError, match="lacks field 'export'"):
-        manifests.Published.from_dict(without_export)
+        publications.Published.from_dict(without_export)
     with pytest.raises(manifests.ManifestError, match="sections this version does not know: confidence, export"):
         manifests.Manifest.from_dict(published.to_dict())
 

@@ -11,6 +11,7 @@ import contract
 import fake_backend
 import synthetic
 from contract import manifest as manifests
+from contract import published as publications
 from serve.core.errors import NotServed, ServeError
 from serve.core.model import Backend, ModelInfo
 
@@ -19,7 +20,7 @@ def test_it_is_a_backend_with_a_real_manifest():
     backend = fake_backend.FakeBackend()
     assert isinstance(backend, Backend)
     manifest = backend.manifests[1]
-    assert isinstance(manifest, manifests.Published) and manifest.format == manifests.FORMAT
+    assert isinstance(manifest, publications.Published) and manifest.format == manifests.FORMAT
     info = backend.info()
     assert isinstance(info, ModelInfo) and info.version == 1 and info.versions == (1,)
     assert info.class_names == synthetic.CLASS_NAMES and info.outputs == contract.CALIBRATED_OUTPUTS

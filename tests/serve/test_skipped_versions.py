@@ -11,6 +11,7 @@ import pytest
 
 import contract
 from contract import manifest as manifests
+from contract import published as publications
 from runs import copy_run
 
 #: Every test here needs the model trained and exported in the session (tests/serve/conftest.py).
@@ -53,8 +54,8 @@ def _second_version_without_litert(model_base, tmp_path):
     shutil.copytree(models / "1", models / "2")
     os.remove(models / "2" / contract.LITERT_FILE)
     manifest_path = str(models / "2" / contract.ASSETS_EXTRA / contract.MANIFEST_FILE)
-    manifest = manifests.read_published(manifest_path)
-    refused = manifests.RuntimeCheck(file=contract.LITERT_FILE, published=False, reason="the gate said no")
+    manifest = publications.read_published(manifest_path)
+    refused = publications.RuntimeCheck(file=contract.LITERT_FILE, published=False, reason="the gate said no")
     litert = dataclasses.replace(manifest.export.litert, runtimes={**manifest.export.litert.runtimes, "litert": refused})
     manifests.write(manifest_path, dataclasses.replace(manifest, export=dataclasses.replace(manifest.export, litert=litert)))
     return models

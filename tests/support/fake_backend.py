@@ -2,7 +2,7 @@
 production, over answers computed from the pixels, so no test of the front end waits for a training run.
 
 :class:`FakeBackend` satisfies :class:`serve.core.model.Backend`. Each version's :class:`ModelInfo` is built
-as the local backend builds it (:meth:`ModelInfo.build`), from a real :class:`contract.manifest.Published`
+as the local backend builds it (:meth:`ModelInfo.build`), from a real :class:`contract.published.Published`
 (:func:`published_manifest`) and the signature definitions that manifest lists, turned into TF Serving's
 JSON by the same code that reads a ``saved_model.pb`` (:func:`serve.signatures.signature_def_map_json`);
 ``tests/serve/test_fake_backend.py`` checks both against the local backend over a real export.
@@ -27,6 +27,7 @@ from contract import (CHANNELS, IMAGE_SIZE, INPUT_BYTES, INPUT_PIXELS, OUTPUT_CL
                       OUTPUT_IN_DISTRIBUTION, OUTPUT_OOD_SCORE, OUTPUT_PROBABILITIES, RUNTIME_LITERT, SIGNATURE_BYTES,
                       SIGNATURE_PIXELS, confidence)
 from contract import manifest as manifests
+from contract import published as publications
 from contract.recipe import Recipe
 from serve.core.errors import NotServed, ServeError
 from serve.core.model import ModelInfo, Prediction, readiness_images
@@ -41,7 +42,7 @@ _DTYPES = {"uint8": 4, "float32": 1, "int64": 9, "string": 7, "bool": 10}  # ten
 
 def published_manifest(class_names=synthetic.CLASS_NAMES, *, model_name="cifar10", version=1, threshold=THRESHOLD,
                        calibrated=False, temperature=1.0, architecture="seed_cnn"):
-    """A valid :class:`contract.manifest.Published`, as export writes it (read back through its validator).
+    """A valid :class:`contract.published.Published`, as export writes it (read back through its validator).
 
     ``threshold`` None: a run without a held-out slice (no ``in_distribution`` output).
     """
@@ -85,7 +86,7 @@ def published_manifest(class_names=synthetic.CLASS_NAMES, *, model_name="cifar10
                        "ood": {"method": confidence.METHOD, "higher_is": "more foreign",
                                "definition": "-logsumexp(logits), the logits at temperature 1", "threshold": threshold}},
     }
-    return manifests.Published.from_dict(raw, source="fake manifest")
+    return publications.Published.from_dict(raw, source="fake manifest")
 
 
 def signature_defs(manifest):
