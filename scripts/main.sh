@@ -1,13 +1,13 @@
 #!/usr/bin/env bash
 # The main job on a fresh machine: set up, train, export, serve.
 #
-#   ./scripts/main.sh                                  # CIFAR-10 via Keras's downloader, airbench_fast's 7 epochs
+#   ./scripts/main.sh                                  # CIFAR-10 via Keras's downloader, airbench_muon's 7 epochs
 #   CIFAR_DATA=../shared/data/cifar10-jpeg.zip ./scripts/main.sh
 #
 # Environment overrides (defaults in brackets):
 #   CIFAR_DATA  'cifar10', a folder or .zip of train/<class>/ test/<class>/ images, or
 #               cifar-10-binary.tar.gz                                   [cifar10]
-#   MODEL       airbench_fast, seed_cnn or airbench                      [airbench_fast]
+#   MODEL       airbench_muon, airbench_fast, seed_cnn or airbench       [airbench_muon]
 #   EPOCHS      passes over the training set                   [the model's recipe: 7 / 20 / 10]
 #   HOLDOUT     training images kept out of training, on which export calibrates the
 #               probabilities and sets the out-of-distribution threshold; 0: none    [5000]
@@ -21,7 +21,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-MODEL=${MODEL:-airbench_fast}
+MODEL=${MODEL:-airbench_muon}
 RUN_DIR=${RUN_DIR:-runs/$MODEL}
 MODELS_DIR=${MODELS_DIR:-models}
 MODEL_NAME=${MODEL_NAME:-cifar10}

@@ -65,7 +65,7 @@ AIRBENCH_RECIPE = Recipe(
     alternate_flips=True,
 )
 
-# The fast member of the family, the main job's default: airbench's recipe at narrower widths and
+# The fast member of the family trained by airbench's own recipe at narrower widths and
 # fewer epochs (chosen on a validation split of the training images: docs/benchmarks.md).
 FAST_WIDTHS = (64, 128, 128)
 AIRBENCH_FAST_RECIPE = dataclasses.replace(AIRBENCH_RECIPE, epochs=7)
@@ -310,11 +310,11 @@ def airbench(num_classes, widths=WIDTHS, name="airbench", whiten_gain=1.0, kerne
 
 @register("airbench_fast", AIRBENCH_FAST_RECIPE, prepare=whiten_from, callbacks=training_callbacks)
 def airbench_fast(num_classes):
-    """airbench's network at FAST_WIDTHS, trained for AIRBENCH_FAST_RECIPE's epochs: the main job's default."""
+    """airbench's network at FAST_WIDTHS, trained for AIRBENCH_FAST_RECIPE's epochs."""
     return airbench(num_classes, widths=FAST_WIDTHS, name="airbench_fast")
 
 
 @register("airbench_muon", AIRBENCH_MUON_RECIPE, prepare=whiten_from, callbacks=muon_callbacks)
 def airbench_muon(num_classes):
-    """airbench's network at FAST_WIDTHS, trained by AIRBENCH_MUON_RECIPE (Muon on the kernels)."""
+    """airbench's network at FAST_WIDTHS, trained by AIRBENCH_MUON_RECIPE (Muon on the kernels): the main job's default."""
     return airbench(num_classes, widths=FAST_WIDTHS, name="airbench_muon", whiten_gain=BIAS_GAIN, kernel_l2=0.0)
