@@ -61,19 +61,27 @@ def pytorch_sgd(learning_rate, momentum, weight_decay=None):
     PyTorch's, and while it falls they are larger (at the end of airbench's triangle, about
     20% larger). Recipes tuned in PyTorch, such as airbench's, need this form.
     """
+    return _pytorch_sgd_class()(learning_rate, momentum=momentum, nesterov=True, weight_decay=weight_decay)
+
+
+def _pytorch_sgd_class():
     import keras
     from keras import ops
 
     class PyTorchSGD(keras.optimizers.SGD):
+        def nesterov_step(self, gradient, variable, momentum):
+            """Move ``variable``'s velocity by ``gradient``, PyTorch's way, and return the Nesterov step before the rate."""
+            momentum = ops.cast(momentum, variable.dtype)
+            velocity = self.momentums[self._get_variable_index(variable)]
+            self.assign(velocity, ops.add(ops.multiply(velocity, momentum), gradient))
+            return ops.add(gradient, ops.multiply(velocity, momentum))
+
         def update_step(self, gradient, variable, learning_rate):
             learning_rate = ops.cast(learning_rate, variable.dtype)
             gradient = ops.cast(gradient, variable.dtype)
-            momentum = ops.cast(self.momentum, variable.dtype)
-            velocity = self.momentums[self._get_variable_index(variable)]
-            self.assign(velocity, ops.add(ops.multiply(velocity, momentum), gradient))
-            self.assign_sub(variable, ops.multiply(learning_rate, ops.add(gradient, ops.multiply(velocity, momentum))))
+            self.assign_sub(variable, ops.multiply(learning_rate, self.nesterov_step(gradient, variable, self.momentum)))
 
-    return PyTorchSGD(learning_rate, momentum=momentum, nesterov=True, weight_decay=weight_decay)
+    return PyTorchSGD
 
 
 def muon(learning_rate, filter_ratio, momentum, filter_momentum, weight_decay=None, steps=3):
@@ -85,20 +93,14 @@ def muon(learning_rate, filter_ratio, momentum, filter_momentum, weight_decay=No
     ``filter_ratio`` x the scheduled rate. With BatchNorm after each convolution a kernel's scale
     does not change the network, so holding it fixed leaves the step size to the rate alone.
     """
-    import keras
     from keras import ops
 
-    class Muon(keras.optimizers.SGD):
+    class Muon(_pytorch_sgd_class()):
         def update_step(self, gradient, variable, learning_rate):
-            learning_rate = ops.cast(learning_rate, variable.dtype)
-            gradient = ops.cast(gradient, variable.dtype)
-            velocity = self.momentums[self._get_variable_index(variable)]
-            kept = momentum if len(variable.shape) != 4 else filter_momentum
-            self.assign(velocity, ops.add(ops.multiply(velocity, kept), gradient))
-            step = ops.add(gradient, ops.multiply(velocity, kept))
             if len(variable.shape) != 4:
-                self.assign_sub(variable, ops.multiply(learning_rate, step))
-                return
+                return super().update_step(gradient, variable, learning_rate)
+            learning_rate = ops.cast(learning_rate, variable.dtype)
+            step = self.nesterov_step(ops.cast(gradient, variable.dtype), variable, filter_momentum)
             outputs = variable.shape[-1]
             weight = ops.multiply(variable, outputs ** 0.5 / ops.sqrt(ops.sum(ops.square(variable))))
             direction = ops.reshape(orthogonalise(ops.reshape(step, (-1, outputs)), steps), variable.shape)
