@@ -259,6 +259,54 @@ def plot(record, path):
     plt.close(fig)
 
 
+def comparison(records):
+    """One markdown table across models: each corruption's accuracy and flagged share (means over its
+    severities), clean first and the mean of the corruptions last; a record's missing corruption is n/a."""
+    names = [r["name"] for r in records]
+    corruptions = list(dict.fromkeys(c for r in records for c in r["summary"]["by_corruption"]))
+    out = ["| corruption (mean of severities 1-5) | " + " | ".join(f"{n}: accuracy / flagged" for n in names) + " |",
+           "|---|" + "---:|" * len(names)]
+
+    def cells(pick):
+        return " | ".join("n/a" if m is None else f"{_share(m['accuracy'])} / {_share(m['flagged'])}"
+                          for m in map(pick, records))
+
+    out.append("| none (clean) | " + cells(lambda r: r["clean"]) + " |")
+    for c in corruptions:
+        out.append(f"| {c.replace('_', ' ')} | " + cells(lambda r: r["summary"]["by_corruption"].get(c)) + " |")
+    out.append("| **mean of the corruptions** | " + cells(lambda r: r["summary"]["all"]) + " |")
+    out.append("| ECE: clean / mean of the corruptions | "
+               + " | ".join(f"{r['clean']['ece']:.3f} / {r['summary']['all']['ece']:.3f}" for r in records) + " |")
+    return "\n".join(out)
+
+
+def comparison_plot(records, path):
+    """Accuracy, ECE and flagged share against severity, the mean of the corruptions, one line per model."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    panels = [("accuracy", "accuracy"), ("ece", "ECE (15 bins)"), ("flagged", "flagged as foreign")]
+    fig, axes = plt.subplots(1, len(panels), figsize=(4.2 * len(panels), 3.6), constrained_layout=True)
+    for i, record in enumerate(records):
+        severities = [0] + [int(s) for s in record["summary"]["by_severity"]]
+        for ax, (measure, _) in zip(axes, panels):
+            ys = [record["clean"][measure]] + [record["summary"]["by_severity"][str(s)][measure] for s in severities[1:]]
+            if None not in ys:
+                ax.plot(severities, ys, color=f"C{i}", linewidth=2, marker="o", label=record["name"])
+    for ax, (measure, title) in zip(axes, panels):
+        ax.set_title(title)
+        ax.set_xlabel("severity (0: clean; ImageNet-C's scale)")
+        ax.set_ylim(0, 1 if measure != "ece" else None)
+        ax.grid(alpha=0.3)
+    axes[0].legend(loc="lower left", fontsize=7)
+    fig.suptitle("imagecorruptions' 15 corruptions, mean over them, on the 1,000 original CIFAR-10 test images", fontsize=10)
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--data", required=True, help="zip of test/<class>/ images (e.g. ../shared/data/cifar10-png.zip)")

@@ -161,3 +161,26 @@ def test_a_model_without_a_threshold_has_no_flagged_share(tmp_path):
     assert "| none (clean) | 100.0% | 0.090 | n/a |" in robustness.tables(record)
     robustness.plot(record, str(tmp_path / "plot.png"))  # two panels, no flagged share to draw
     assert (tmp_path / "plot.png").is_file()
+
+
+def test_records_side_by_side(tmp_path):
+    x = images(20)
+    labels = np.arange(20) % CLASSES
+
+    def bare(batch):  # a model without a threshold: no flagged share
+        return {OUTPUT_PROBABILITIES: np.eye(CLASSES)[labels[:len(batch)]] * 0.9 + 0.01}
+
+    records = []
+    for name, predict, threshold in (("sure", fake_model(labels, -8.0), -8.0), ("bare", bare, None)):
+        clean, by_set, _ = robustness.evaluate(predict, x, {("snow", 1): x // 4, ("snow", 2): x // 8}, labels,
+                                               threshold, log=lambda *a: None)
+        records.append({"name": name, "images": 20, "clean": clean, "sets": by_set,
+                        "summary": robustness.summarise(by_set), "not_measured": {}})
+    table = robustness.comparison(records).splitlines()
+    assert table[0] == "| corruption (mean of severities 1-5) | sure: accuracy / flagged | bare: accuracy / flagged |"
+    snow = records[0]["summary"]["by_corruption"]["snow"]
+    assert snow["accuracy"] < 1.0 and snow["flagged"] > 0.0  # the darkened sets cost the fake model something
+    assert table[3] == f"| snow | {snow['accuracy']:.1%} / {snow['flagged']:.1%} | 100.0% / n/a |"
+    assert table[-1].startswith(f"| ECE: clean / mean of the corruptions | {records[0]['clean']['ece']:.3f} / ")
+    robustness.comparison_plot(records, str(tmp_path / "models.png"))
+    assert (tmp_path / "models.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
