@@ -217,10 +217,13 @@ class LocalBackend:
                     if self._config is config:  # (a newer one read meanwhile is tried at the next poll)
                         self._config = served.config
                 return
+            leaving = {version: state for version, state in served.loaded.items() if version not in loaded}
+            # Reachable by number before they leave the versions served: a request that resolved a label to
+            # one of them just before the swap still finds it when it runs, just after.
+            self._retiring.update(leaving)
             self._publish(config, loaded, dict(config.labels))
-            for version, state in served.loaded.items():
-                if version not in loaded:
-                    self._retire(version, state)
+            for version, state in leaving.items():
+                self._retire(version, state)
         finally:
             self._swapping.release()
 

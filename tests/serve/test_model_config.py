@@ -293,6 +293,35 @@ def test_moving_a_label_moves_the_traffic_without_a_failed_request(app, config_f
     assert order[0] == 1 and order[-1] == 1 and sum(a != b for a, b in zip(order, order[1:])) == 2, order
 
 
+@pytest.mark.end_to_end
+def test_the_versions_a_swap_drops_still_answer_the_moment_it_is_published(app, config_file, models, pixels, monkeypatch):
+    """A request that resolved ``stable`` to 1 just before the swap runs just after it: 1 is already among the
+    retiring versions (which finish what was sent to them) when the new config is published, with no window."""
+    backend = app.extensions["serve.backend"]
+    publish, answered = type(backend)._publish, []
+
+    def publish_then_ask(self, *args):
+        publish(self, *args)
+        try:
+            answered.append(self.infer(pixels[:1], 1).version)
+        except Exception as e:  # NotServed here was the window
+            answered.append(e)
+
+    monkeypatch.setattr(type(backend), "_publish", publish_then_ask)
+    write_config(config_file, config_text(models, versions=(3,), labels={"stable": 3}))
+    deadline = time.monotonic() + DEADLINE_S
+    while not answered:
+        assert time.monotonic() < deadline, "the new config was never published"
+        backend.info()  # the backend reads the file when asked for a model
+        time.sleep(0.05)
+    monkeypatch.undo()
+    write_config(config_file, config_text(models))
+    while backend.info().versions != (1, 2) or backend.info().labels.get("stable") != 1:
+        assert time.monotonic() < deadline + DEADLINE_S, "the config was never restored"
+        time.sleep(0.05)
+    assert answered[:1] == [1], answered
+
+
 @pytest.mark.parametrize("policy, missing", [
     ("specific { versions: 1 versions: 2 }", 3),  # published, but not in the policy: refused as the file is read
     ("all {}", 4),  # in the policy, but never published: refused once the versions it selects are loaded
