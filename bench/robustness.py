@@ -227,26 +227,47 @@ def tables(record):
     return "\n".join(out)
 
 
-def plot(record, path):
-    """Accuracy, ECE and flagged share against severity: one thin line per corruption, their mean in bold."""
+PANELS = [("accuracy", "accuracy"), ("ece", "ECE (15 bins)"), ("flagged", "flagged as foreign")]
+SEVERITY_AXIS = "severity (0: clean; ImageNet-C's scale)"
+
+
+def _figure(panels):
+    """A row of ``panels`` on matplotlib's file backend."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    return plt.subplots(1, len(panels), figsize=(4.2 * len(panels), 3.6), constrained_layout=True)
+
+
+def _save(fig, path):
+    import matplotlib.pyplot as plt
+
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def _mean_curve(record, measure):
+    """Severities 0 (clean) to 5 and ``measure`` at each, the mean over the corruptions."""
     severities = [0] + [int(s) for s in record["summary"]["by_severity"]]
-    panels = [("accuracy", "accuracy"), ("ece", "ECE (15 bins)"), ("flagged", "flagged as foreign")]
-    if record["clean"]["flagged"] is None:
-        panels = panels[:2]
-    fig, axes = plt.subplots(1, len(panels), figsize=(4.2 * len(panels), 3.6), constrained_layout=True)
+    return severities, [record["clean"][measure]] + [record["summary"]["by_severity"][str(s)][measure]
+                                                     for s in severities[1:]]
+
+
+def plot(record, path):
+    """Accuracy, ECE and flagged share against severity: one thin line per corruption, their mean in bold."""
+    panels = PANELS if record["clean"]["flagged"] is not None else PANELS[:2]
+    fig, axes = _figure(panels)
     for ax, (measure, title) in zip(axes, panels):
+        severities, means = _mean_curve(record, measure)
         for corruption, per in record["sets"].items():
             ys = [record["clean"][measure]] + [per[str(s)][measure] for s in severities[1:]]
             ax.plot(severities, ys, color="0.75", linewidth=0.8)
-        means = [record["clean"][measure]] + [record["summary"]["by_severity"][str(s)][measure] for s in severities[1:]]
         ax.plot(severities, means, color="C0", linewidth=2.5, marker="o", label="mean of the corruptions")
         ax.set_title(title)
-        ax.set_xlabel("severity (0: clean; ImageNet-C's scale)")
+        ax.set_xlabel(SEVERITY_AXIS)
         ax.set_xticks(severities)
         ax.set_ylim(0, 1 if measure != "ece" else max(0.05, 1.1 * max(
             [record["clean"][measure]] + [m[measure] for per in record["sets"].values() for m in per.values()])))
@@ -254,9 +275,7 @@ def plot(record, path):
     axes[0].legend(loc="lower left", fontsize=8)
     fig.suptitle(f"{record['name']}: {record['images']} CIFAR-10 test images, imagecorruptions (grey: each corruption)",
                  fontsize=10)
-    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    _save(fig, path)
 
 
 def comparison(records):
@@ -282,29 +301,19 @@ def comparison(records):
 
 def comparison_plot(records, path):
     """Accuracy, ECE and flagged share against severity, the mean of the corruptions, one line per model."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    panels = [("accuracy", "accuracy"), ("ece", "ECE (15 bins)"), ("flagged", "flagged as foreign")]
-    fig, axes = plt.subplots(1, len(panels), figsize=(4.2 * len(panels), 3.6), constrained_layout=True)
-    for i, record in enumerate(records):
-        severities = [0] + [int(s) for s in record["summary"]["by_severity"]]
-        for ax, (measure, _) in zip(axes, panels):
-            ys = [record["clean"][measure]] + [record["summary"]["by_severity"][str(s)][measure] for s in severities[1:]]
-            if None not in ys:
-                ax.plot(severities, ys, color=f"C{i}", linewidth=2, marker="o", label=record["name"])
-    for ax, (measure, title) in zip(axes, panels):
+    fig, axes = _figure(PANELS)
+    for ax, (measure, title) in zip(axes, PANELS):
+        for i, record in enumerate(records):
+            severities, means = _mean_curve(record, measure)
+            if None not in means:  # a model without a threshold has no flagged share
+                ax.plot(severities, means, color=f"C{i}", linewidth=2, marker="o", label=record["name"])
         ax.set_title(title)
-        ax.set_xlabel("severity (0: clean; ImageNet-C's scale)")
+        ax.set_xlabel(SEVERITY_AXIS)
         ax.set_ylim(0, 1 if measure != "ece" else None)
         ax.grid(alpha=0.3)
     axes[0].legend(loc="lower left", fontsize=7)
     fig.suptitle("imagecorruptions' 15 corruptions, mean over them, on the 1,000 original CIFAR-10 test images", fontsize=10)
-    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    _save(fig, path)
 
 
 def main(argv=None):
