@@ -5,6 +5,7 @@ way; run the two back to back on a quiet machine and divide. Both train on the s
 (``--images`` random 32x32 images, batch 1024): the step's arithmetic does not depend on the pixels.
 
     python bench/airbench_step_profile.py [--keras-backend jax] [--json out.json]
+    python bench/airbench_step_profile.py --model airbench_muon --gelu keras   # the GELU as Keras computes it
 
 Timed, each the median of ``--repeats`` after ``--warmup`` untimed:
 
@@ -39,7 +40,7 @@ KINDS = (  # (kind, substrings of TensorFlow op types), first match wins
     ("convolution backward", ("Conv2DBackprop",)),
     ("convolution forward", ("Conv2D",)),  # and _FusedConv2D, _MklNativeConv2D
     ("batchnorm", ("BatchNorm", "Moments", "SquaredDifference", "Rsqrt")),
-    ("gelu", ("Erf", "Gelu")),
+    ("gelu", ("Erf", "Gelu", "XlaLaunch", "_XlaRun")),  # the XLA calls are the fused GELU's (train.airbench.GELU)
     ("pooling", ("MaxPool",)),
     ("optimizer updates", ("ResourceApply", "AssignVariable", "AssignAddVariable", "AssignSubVariable",
                            "ReadVariable")),
@@ -114,6 +115,13 @@ def main():
     parser.add_argument("--trace-steps", type=int, default=3, help="steps in the profiler trace (TensorFlow; 0: none)")
     parser.add_argument("--parts", default=",".join(PARTS), help=f"which of {','.join(PARTS)} to time")
     parser.add_argument("--inter-op-threads", type=int, help="TensorFlow's ops run at once (default: its own)")
+    parser.add_argument("--model", default="airbench", choices=("airbench", "airbench_fast", "airbench_muon"),
+                        help="which of the family, at its recipe's batch (default: %(default)s)")
+    parser.add_argument("--precision", default="auto", help="as the trainer's flag (auto: mixed bfloat16 on CPUs "
+                        "with bf16 units, else float32)")
+    parser.add_argument("--gelu", choices=("fused", "keras"), default="fused",
+                        help="fused: train.airbench.GELU as the trainer runs it; keras: keras.activations.gelu "
+                             "when training too (TensorFlow's own kernels), the control")
     parser.add_argument("--json", help="also write the report here")
     args = parser.parse_args()
     parts = set(args.parts.split(","))
@@ -132,9 +140,13 @@ def main():
 
         tf.config.threading.set_inter_op_parallelism_threads(args.inter_op_threads)
 
-    from train import data, models, schedules
+    from train import airbench, data, models, schedules
 
-    recipe = models.recipe("airbench")
+    if args.gelu == "keras":
+        airbench.GELU.call = lambda self, x, training=False: keras.activations.gelu(x, approximate=False)
+    precision = hardware.resolve_precision(args.precision, "cpu")
+    keras.mixed_precision.set_global_policy(precision)
+    recipe = models.recipe(args.model)
     batch, steps_per_epoch = recipe.batch_size, args.images // recipe.batch_size
     rng = np.random.default_rng(0)
     images = rng.integers(0, 256, (args.images, 32, 32, 3), dtype=np.uint8)
@@ -142,8 +154,8 @@ def main():
     total_steps = recipe.epochs * steps_per_epoch
 
     keras.utils.set_random_seed(0)
-    model = models.build_model("airbench", 10)
-    models.prepare("airbench", model, images)
+    model = models.build_model(args.model, 10)
+    models.prepare(args.model, model, images)
     loss = keras.losses.CategoricalCrossentropy(label_smoothing=recipe.label_smoothing)
     model.compile(optimizer=schedules.optimizer(recipe, schedules.scaled_rate(recipe, batch), recipe.schedule,
                                                 total_steps),
@@ -155,11 +167,11 @@ def main():
     report = {"keras_backend": args.keras_backend, "keras": keras.__version__, "python": platform.python_version(),
               "machine": platform.processor() or platform.machine(), "cpu_count": os.cpu_count(),
               "onednn": os.environ["TF_ENABLE_ONEDNN_OPTS"], "inter_op_threads": args.inter_op_threads,
-              "batch": batch, "steps_per_epoch": steps_per_epoch, "repeats": args.repeats}
+              "model": args.model, "precision": precision, "gelu": args.gelu, "batch": batch, "steps_per_epoch": steps_per_epoch, "repeats": args.repeats}
 
     def fit_epoch():
         model.fit(pipeline, epochs=1, steps_per_epoch=steps_per_epoch, verbose=0,
-                  callbacks=models.training_callbacks("airbench", total_steps))
+                  callbacks=models.training_callbacks(args.model, total_steps))
 
     seconds = {}
     if "fit_step" in parts:

@@ -18,9 +18,13 @@ Test-time augmentation is part of the model (:class:`Views`): at inference it av
 logits of the image, its mirror and two one-pixel shifts of both (six views, airbench's level
 2), so the SavedModel, the LiteRT models and TF Serving all give the accuracy training measured,
 at six times the arithmetic of one view. Training sees one view.
+
+The GELU is the exact one (:class:`GELU`); under TensorFlow its training kernels are XLA-fused,
+which made the training step of ``airbench_muon`` 0.73x as long in mixed bfloat16.
 """
 
 import dataclasses
+import functools
 
 import keras
 import numpy as np
@@ -126,6 +130,50 @@ class PartialIdentity(keras.initializers.Initializer):
 
     def get_config(self):
         return {"seed": self.seed}
+
+
+@keras.saving.register_keras_serializable(package="cifar")
+class GELU(layers.Layer):
+    """The exact GELU, x Phi(x), as airbench's ``nn.GELU()``.
+
+    Under TensorFlow, while training, it runs as one XLA-compiled loop each way, computed in
+    float32 (:func:`_tensorflow_gelu`): TensorFlow's own GELU and its gradient take separate
+    unfused kernels, scalar in bfloat16, about 6x the time, which made the activations cost as
+    much as the convolutions (docs/benchmarks.md). Inference, and every other backend, takes
+    ``keras.activations.gelu``: the exported graph holds no XLA call.
+    """
+
+    def call(self, x, training=False):
+        if training and keras.backend.backend() == "tensorflow":
+            return _tensorflow_gelu()(x)
+        return keras.activations.gelu(x, approximate=False)
+
+
+@functools.cache
+def _tensorflow_gelu():
+    """GELU with its gradient, each one XLA-compiled TensorFlow function computing in float32."""
+    import tensorflow as tf
+
+    @tf.function(jit_compile=True)
+    def forward(x):
+        f = tf.cast(x, tf.float32)
+        return tf.cast(0.5 * f * tf.math.erfc(-f * SQRT_HALF), x.dtype)
+
+    @tf.function(jit_compile=True)
+    def backward(x, upstream):
+        f = tf.cast(x, tf.float32)
+        slope = 0.5 * tf.math.erfc(-f * SQRT_HALF) + f * INV_SQRT_2PI * tf.exp(-0.5 * f * f)  # Phi(x) + x phi(x)
+        return tf.cast(tf.cast(upstream, tf.float32) * slope, x.dtype)
+
+    @tf.custom_gradient
+    def gelu(x):
+        return forward(x), lambda upstream: backward(x, upstream)
+
+    return gelu
+
+
+SQRT_HALF = 0.7071067811865476
+INV_SQRT_2PI = 0.3989422804014327
 
 
 @keras.saving.register_keras_serializable(package="cifar")
@@ -270,7 +318,7 @@ def _norm_gelu(x, name):
     x = layers.BatchNormalization(momentum=BATCHNORM_MOMENTUM, epsilon=BATCHNORM_EPSILON, center=False, scale=False,
                                   name=f"{name}_bn")(x)
     x = Shift(name=f"{name}_shift")(x)
-    return layers.Activation("gelu", name=f"{name}_gelu")(x)
+    return GELU(name=f"{name}_gelu")(x)
 
 
 def _network(num_classes, widths=WIDTHS, whiten_gain=1.0, kernel_l2=L2):
@@ -279,7 +327,7 @@ def _network(num_classes, widths=WIDTHS, whiten_gain=1.0, kernel_l2=L2):
     x = layers.Conv2D(2 * WHITEN_PATCH * WHITEN_PATCH * INPUT_SHAPE[-1], WHITEN_PATCH, use_bias=False,
                       trainable=False, name="whiten")(x)
     x = Shift(gain=whiten_gain, name="whiten_bias")(x)
-    x = layers.Activation("gelu", name="whiten_gelu")(x)
+    x = GELU(name="whiten_gelu")(x)
     for group, width in enumerate(widths, start=1):
         x = _conv(width, f"group{group}_conv1", kernel_l2)(x)
         x = layers.MaxPooling2D(2, name=f"group{group}_pool")(x)

@@ -180,6 +180,30 @@ def test_inference_averages_six_views_and_training_sees_one():
                                atol=1e-6)
 
 
+@pytest.mark.parametrize("dtype, tolerance", [("float32", 1e-6), ("bfloat16", 2 ** -7)])
+def test_gelu_is_the_exact_gelu_and_its_gradient_when_training_as_when_serving(dtype, tolerance):
+    import math
+
+    import tensorflow as tf
+
+    grid = np.linspace(-6, 6, 2001)
+    values = 0.5 * grid * np.vectorize(math.erfc)(-grid / math.sqrt(2))  # x Phi(x), in float64
+    slopes = 0.5 * np.vectorize(math.erfc)(-grid / math.sqrt(2)) + grid * np.exp(-grid ** 2 / 2) / math.sqrt(2 * math.pi)
+    x = tf.cast(grid, dtype)
+    layer = airbench.GELU(dtype="mixed_bfloat16" if dtype == "bfloat16" else "float32")  # as under --precision
+    for training in (True, False):  # True: the XLA-compiled loops under TensorFlow; False: keras.activations.gelu
+        with tf.GradientTape() as tape:
+            tape.watch(x)
+            y = layer(x, training=training)
+        assert y.dtype == x.dtype
+        slope = tape.gradient(y, x)
+        scale = 1 + np.abs(grid)
+        np.testing.assert_allclose(tf.cast(y, tf.float64).numpy() / scale, values / scale, atol=tolerance,
+                                   err_msg=f"training={training}")
+        np.testing.assert_allclose(tf.cast(slope, tf.float64).numpy(), slopes, atol=4 * tolerance,
+                                   err_msg=f"training={training}")
+
+
 def test_airbench_trains_by_its_recipe_block_when_no_flag_says_otherwise():
     recipe = models.recipe("airbench")
     assert recipe is airbench.AIRBENCH_RECIPE
