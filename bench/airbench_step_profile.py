@@ -35,6 +35,7 @@ import time
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from contract.arguments import add_renamed  # noqa: E402  (after the path is set)
+from train.hardware import PRECISIONS  # noqa: E402  (imports neither TensorFlow nor JAX)
 
 KINDS = (  # (kind, substrings of TensorFlow op types), first match wins
     ("convolution backward", ("Conv2DBackprop",)),
@@ -117,8 +118,8 @@ def main():
     parser.add_argument("--inter-op-threads", type=int, help="TensorFlow's ops run at once (default: its own)")
     parser.add_argument("--model", default="airbench", choices=("airbench", "airbench_fast", "airbench_muon"),
                         help="which of the family, at its recipe's batch (default: %(default)s)")
-    parser.add_argument("--precision", default="auto", help="as the trainer's flag (auto: mixed bfloat16 on CPUs "
-                        "with bf16 units, else float32)")
+    parser.add_argument("--precision", default="auto", choices=PRECISIONS,
+                        help="as the trainer's flag (auto: mixed bfloat16 on CPUs with bf16 units, else float32)")
     parser.add_argument("--gelu", choices=("fused", "keras"), default="fused",
                         help="fused: train.airbench.GELU as the trainer runs it; keras: keras.activations.gelu "
                              "when training too (TensorFlow's own kernels), the control")
@@ -167,7 +168,8 @@ def main():
     report = {"keras_backend": args.keras_backend, "keras": keras.__version__, "python": platform.python_version(),
               "machine": platform.processor() or platform.machine(), "cpu_count": os.cpu_count(),
               "onednn": os.environ["TF_ENABLE_ONEDNN_OPTS"], "inter_op_threads": args.inter_op_threads,
-              "model": args.model, "precision": precision, "gelu": args.gelu, "batch": batch, "steps_per_epoch": steps_per_epoch, "repeats": args.repeats}
+              "model": args.model, "precision": precision, "gelu": args.gelu, "batch": batch,
+              "steps_per_epoch": steps_per_epoch, "repeats": args.repeats}
 
     def fit_epoch():
         model.fit(pipeline, epochs=1, steps_per_epoch=steps_per_epoch, verbose=0,
