@@ -81,6 +81,10 @@ class Recipe:
     label_smoothing: float = hyperparameter(
         0.0, "target mass spread evenly over all classes", unit="fraction, 0-1", low=0.0, high=1.0,
         metavar="FRACTION")
+    logit_norm: float = hyperparameter(
+        0.0, "LogitNorm (Wei et al., 2022): the loss sees the logits, centred, divided by their norm times this "
+             "temperature, so training cannot lower it by growing them; 0 is the plain cross-entropy",
+        unit="temperature (the paper's 0.04)", low=0.0, metavar="TEMPERATURE")
     weight_decay: float = hyperparameter(
         0.0, "decoupled weight decay", unit="fraction of each weight per step, times the learning rate", low=0.0,
         metavar="DECAY")

@@ -244,13 +244,12 @@ def _fit(config, plan, placement, splits, workdir):
     """Build, compile and fit under ``placement``; returns the model and the wall time in seconds."""
     import keras
 
-    from train import models, schedules
+    from train import losses, models, schedules
 
     recipe = plan.recipe
     keras.utils.set_random_seed(config.seed)
-    one_hot = recipe.label_smoothing > 0
     num_classes = splits.num_classes
-    labels = num_classes if one_hot else None
+    labels = num_classes if losses.one_hot(recipe) else None
     pipelines = _pipelines(plan.input_pipeline)
     shard = _shard(placement)  # several processes: each feeds its own part of every global batch
     train_ds = pipelines.train_dataset(splits.x_train, splits.y_train, plan.global_batch, recipe.augment,
@@ -268,8 +267,7 @@ def _fit(config, plan, placement, splits, workdir):
             model.compile(
                 optimizer=schedules.optimizer(recipe, plan.learning_rate, recipe.schedule,
                                               recipe.epochs * plan.steps_per_epoch),
-                loss=(keras.losses.CategoricalCrossentropy(label_smoothing=recipe.label_smoothing) if one_hot
-                      else keras.losses.SparseCategoricalCrossentropy()),
+                loss=losses.for_recipe(recipe),
                 # Weighted, so the zero-weight padding of the last evaluation batch never counts.
                 weighted_metrics=["accuracy"],
                 steps_per_execution=plan.steps_per_execution,

@@ -1,0 +1,63 @@
+"""The training loss a recipe names: cross-entropy, with label smoothing, or LogitNorm's.
+
+Every registered model ends in a float32 softmax (``train.models.logits_model``), so a loss sees
+probabilities. LogitNorm (Wei et al., "Mitigating Neural Network Overconfidence with Logit
+Normalization", ICML 2022) needs the logits: it takes the cross-entropy of ``f / (tau * |f|)``, so
+that training cannot lower the loss by growing the logits' norm, which then stays a measure of how
+familiar an image is (the served energy score reads it). The logits are recovered from the
+probabilities as ``log p`` centred on its mean over the classes, which equals the logits centred on
+theirs: softmax cannot see the part common to all classes, so this is the paper's normalisation of
+the part that decides the answer (the paper's own ``f`` keeps it; the airbench heads have no bias).
+"""
+
+import keras
+
+#: Probabilities are clipped here before the log: the recovered logits are exact while no class's
+#: logit is more than ln(1e30) = 69 under the largest, far past any margin training reaches.
+SMALLEST_PROBABILITY = 1e-30
+_EPSILON = 1e-7  # the paper's, added to the norm
+
+
+def centred_logits(probabilities):
+    """The logits, less their mean over the classes, from the softmax's ``probabilities`` (float32)."""
+    log_p = keras.ops.log(keras.ops.maximum(keras.ops.cast(probabilities, "float32"), SMALLEST_PROBABILITY))
+    return log_p - keras.ops.mean(log_p, axis=-1, keepdims=True)
+
+
+@keras.saving.register_keras_serializable(package="cifar")
+class LogitNorm(keras.losses.Loss):
+    """Cross-entropy of the centred logits divided by ``temperature`` times their norm; labels as class ids,
+    or one-hot (and then smoothed by ``label_smoothing``)."""
+
+    def __init__(self, temperature=0.04, label_smoothing=0.0, name="logit_norm", **kwargs):
+        super().__init__(name=name, **kwargs)
+        if not temperature > 0:
+            raise ValueError(f"LogitNorm's temperature must be above 0, got {temperature}")
+        self.temperature = temperature
+        self.label_smoothing = label_smoothing
+
+    def call(self, y_true, y_pred):
+        logits = centred_logits(y_pred)
+        norm = keras.ops.sqrt(keras.ops.sum(keras.ops.square(logits), axis=-1, keepdims=True)) + _EPSILON
+        scaled = logits / (norm * self.temperature)
+        if self.label_smoothing > 0:
+            return keras.losses.categorical_crossentropy(y_true, scaled, from_logits=True,
+                                                         label_smoothing=self.label_smoothing)
+        return keras.losses.sparse_categorical_crossentropy(y_true, scaled, from_logits=True)
+
+    def get_config(self):
+        return {**super().get_config(), "temperature": self.temperature, "label_smoothing": self.label_smoothing}
+
+
+def one_hot(recipe):
+    """Whether ``recipe``'s loss takes one-hot labels (label smoothing needs them) rather than class ids."""
+    return recipe.label_smoothing > 0
+
+
+def for_recipe(recipe):
+    """The Keras loss ``recipe`` trains with."""
+    if recipe.logit_norm > 0:
+        return LogitNorm(recipe.logit_norm, label_smoothing=recipe.label_smoothing)
+    if one_hot(recipe):
+        return keras.losses.CategoricalCrossentropy(label_smoothing=recipe.label_smoothing)
+    return keras.losses.SparseCategoricalCrossentropy()
