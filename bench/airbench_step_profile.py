@@ -141,7 +141,7 @@ def main():
 
         tf.config.threading.set_inter_op_parallelism_threads(args.inter_op_threads)
 
-    from train import airbench, data, models, schedules
+    from train import airbench, data, losses, models, schedules
 
     if args.gelu == "keras":
         airbench.GELU.call = lambda self, x, training=False: keras.activations.gelu(x, approximate=False)
@@ -157,14 +157,15 @@ def main():
     keras.utils.set_random_seed(0)
     model = models.build_model(args.model, 10)
     models.prepare(args.model, model, images)
-    loss = keras.losses.CategoricalCrossentropy(label_smoothing=recipe.label_smoothing)
+    loss = losses.for_recipe(recipe)  # the trainer's
     model.compile(optimizer=schedules.optimizer(recipe, schedules.scaled_rate(recipe, batch), recipe.schedule,
                                                 total_steps),
                   loss=loss)
+    one_hot = losses.one_hot(recipe)
     pipeline = data.train_dataset(images, labels, batch, recipe.augment, seed=0, crop_padding=recipe.crop_padding,
-                                  num_classes=10, alternate_flips=recipe.alternate_flips)
+                                  num_classes=10 if one_hot else None, alternate_flips=recipe.alternate_flips)
     x = images[:batch].astype("float32")
-    y = keras.utils.to_categorical(labels[:batch], 10)
+    y = keras.utils.to_categorical(labels[:batch], 10) if one_hot else labels[:batch]
     report = {"keras_backend": args.keras_backend, "keras": keras.__version__, "python": platform.python_version(),
               "machine": platform.processor() or platform.machine(), "cpu_count": os.cpu_count(),
               "onednn": os.environ["TF_ENABLE_ONEDNN_OPTS"], "inter_op_threads": args.inter_op_threads,
@@ -194,7 +195,7 @@ def main():
         @tf.function
         def forward_backward(x, y):
             with tf.GradientTape() as tape:
-                value = loss(y, network(x, training=True)) + tf.add_n(network.losses)
+                value = loss(y, tf.nn.softmax(tf.cast(network(x, training=True), tf.float32))) + tf.add_n(network.losses)
             return tape.gradient(value, weights)
 
         @tf.function
