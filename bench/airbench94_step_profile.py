@@ -21,7 +21,6 @@ It also records ``torch.profiler`` over ``--trace-steps`` train steps and sums t
 """
 
 import argparse
-import json
 import os
 import platform
 import sys
@@ -33,6 +32,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import airbench94_reference as reference  # noqa: E402
 from airbench_step_profile import median_seconds, summarise  # noqa: E402  (the port's; stdlib only at import)
+from emit import emit  # noqa: E402
 
 KINDS = (  # (kind, substrings of aten op names), first match wins
     ("convolution backward", ("convolution_backward",)),
@@ -125,10 +125,7 @@ def main():
                 step(x, y)
         types = {event.key: event.self_cpu_time_total / 1e6 for event in profile.key_averages()}
         report["op_seconds_per_step"], report["top_op_types"] = summarise(types, args.trace_steps, KINDS)
-    print(json.dumps(report, indent=1))
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(report, f, indent=1)
+    emit(report, args.json)
 
 
 if __name__ == "__main__":

@@ -35,6 +35,8 @@ import time
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from contract.arguments import add_renamed  # noqa: E402  (after the path is set)
+from emit import emit  # noqa: E402  (bench/, the script's own folder)
+from gelu_kernels import add_gelu_argument, use_gelu  # noqa: E402  (imports neither TensorFlow nor JAX)
 from train.hardware import PRECISIONS  # noqa: E402  (imports neither TensorFlow nor JAX)
 
 KINDS = (  # (kind, substrings of TensorFlow op types), first match wins
@@ -120,9 +122,7 @@ def main():
                         help="which of the family, at its recipe's batch (default: %(default)s)")
     parser.add_argument("--precision", default="auto", choices=PRECISIONS,
                         help="as the trainer's flag (auto: mixed bfloat16 on CPUs with bf16 units, else float32)")
-    parser.add_argument("--gelu", choices=("fused", "keras"), default="fused",
-                        help="fused: train.airbench.GELU as the trainer runs it; keras: keras.activations.gelu "
-                             "when training too (TensorFlow's own kernels), the control")
+    add_gelu_argument(parser)
     parser.add_argument("--json", help="also write the report here")
     args = parser.parse_args()
     parts = set(args.parts.split(","))
@@ -141,10 +141,9 @@ def main():
 
         tf.config.threading.set_inter_op_parallelism_threads(args.inter_op_threads)
 
-    from train import airbench, data, losses, models, schedules
+    from train import data, losses, models, schedules
 
-    if args.gelu == "keras":
-        airbench.GELU.call = lambda self, x, training=False: keras.activations.gelu(x, approximate=False)
+    use_gelu(args.gelu)
     precision = hardware.resolve_precision(args.precision, "cpu")
     keras.mixed_precision.set_global_policy(precision)
     recipe = models.recipe(args.model)
@@ -217,10 +216,7 @@ def main():
     report["seconds"] = {name: round(value, 3) for name, value in seconds.items()}
     if args.keras_backend == "tensorflow" and args.trace_steps:
         report["op_seconds_per_step"], report["top_op_types"] = trace_ops(model, x, y, args.trace_steps)
-    print(json.dumps(report, indent=1))
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(report, f, indent=1)
+    emit(report, args.json)
 
 
 if __name__ == "__main__":

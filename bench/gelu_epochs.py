@@ -16,7 +16,6 @@ The first epoch includes the graph's tracing and compilation; the later ones are
 """
 
 import argparse
-import json
 import os
 import platform
 import sys
@@ -24,42 +23,32 @@ import tempfile
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
+from emit import emit  # noqa: E402  (bench/, the script's own folder)
+from gelu_kernels import add_gelu_argument, use_gelu  # noqa: E402  (imports neither TensorFlow nor JAX)
+
 
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--data", required=True, help="as the trainer's --data")
     parser.add_argument("--model", default="airbench_muon", choices=("airbench", "airbench_fast", "airbench_muon"))
-    parser.add_argument("--gelu", choices=("fused", "keras"), default="fused",
-                        help="fused: train.airbench.GELU as the trainer runs it; keras: keras.activations.gelu "
-                             "when training too, the control")
+    add_gelu_argument(parser)
     parser.add_argument("--epochs", type=int, default=2, help="epochs to time (default: %(default)s)")
     parser.add_argument("--holdout", type=int, default=5000, help="as the trainer's (default: %(default)s)")
     parser.add_argument("--json", help="also write the report here")
     args = parser.parse_args(argv)
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
-    import keras
+    from train import report, trainer
 
-    from train import airbench, trainer
-
-    if args.gelu == "keras":
-        airbench.GELU.call = lambda self, x, training=False: keras.activations.gelu(x, approximate=False)
+    use_gelu(args.gelu)
     with tempfile.TemporaryDirectory() as output:
         manifest = trainer.run(trainer.Config(data=args.data, output=output, model=args.model, holdout=args.holdout,
                                               recipe={"epochs": args.epochs}, validation_freq=10**6, verbose=0))
-        with open(os.path.join(output, "history.csv")) as history:
-            rows = history.read().splitlines()
-    column = rows[0].split(",").index("epoch_time_s")
-    epochs = [round(float(row.split(",")[column]), 1) for row in rows[1:]]
+        epochs = [round(row["epoch_time_s"], 1) for row in report.read_history(os.path.join(output, "history.csv"))]
     training = manifest["training"]
-    report = {"model": args.model, "gelu": args.gelu, "precision": training["precision"],
-              "steps_per_epoch": training["steps_per_epoch"], "epoch_seconds": epochs,
-              "machine": platform.processor() or platform.machine(), "cpu_count": os.cpu_count()}
-    text = json.dumps(report, indent=1)
-    print(text)
-    if args.json:
-        with open(args.json, "w") as f:
-            f.write(text + "\n")
+    emit({"model": args.model, "gelu": args.gelu, "precision": training["precision"],
+          "steps_per_epoch": training["steps_per_epoch"], "epoch_seconds": epochs,
+          "machine": platform.processor() or platform.machine(), "cpu_count": os.cpu_count()}, args.json)
 
 
 if __name__ == "__main__":

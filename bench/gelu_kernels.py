@@ -9,14 +9,31 @@ of ``--repeats`` after one untimed call, in milliseconds: ``forward``, and ``for
 """
 
 import argparse
-import json
 import os
 import sys
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
+from emit import emit  # noqa: E402  (bench/, the script's own folder)
 from train.hardware import PRECISIONS  # noqa: E402  (after the path is set)
+
+
+def add_gelu_argument(parser):
+    """The ``--gelu`` flag of the benchmarks that time the fused GELU against TensorFlow's."""
+    parser.add_argument("--gelu", choices=("fused", "keras"), default="fused",
+                        help="fused: train.airbench.GELU as the trainer runs it; keras: keras.activations.gelu "
+                             "when training too (TensorFlow's own kernels), the control")
+
+
+def use_gelu(choice):
+    """Make ``train.airbench.GELU`` train as ``choice`` says (``--gelu``): ``keras`` swaps in the control."""
+    if choice == "keras":
+        import keras
+
+        from train import airbench
+
+        airbench.GELU.call = lambda self, x, training=False: keras.activations.gelu(x, approximate=False)
 
 
 def main():
@@ -65,10 +82,7 @@ def main():
 
         report["milliseconds"][name] = {"forward": milliseconds(lambda: forward(x)),
                                         "forward_backward": milliseconds(lambda: forward_backward(x))}
-    print(json.dumps(report, indent=1))
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(report, f, indent=1)
+    emit(report, args.json)
 
 
 if __name__ == "__main__":

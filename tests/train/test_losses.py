@@ -8,7 +8,7 @@ import pytest
 import synthetic
 from contract import MANIFEST_FILE
 from contract.recipe import Recipe
-from train import losses, trainer
+from train import losses, report, trainer
 
 
 def _softmax(z):
@@ -70,7 +70,5 @@ def test_a_run_trains_by_logit_norm_and_records_it(tmp_path):
     assert manifest["training"]["recipe"]["logit_norm"] == 0.04
     # The loss of record is LogitNorm's: an untrained network's cross-entropy on 3 classes is about ln 3,
     # LogitNorm's at temperature 0.04 many times that (it puts every image's logits at norm 25); it falls.
-    history = (run / "history.csv").read_text().splitlines()
-    header = history[0].split(",")
-    loss = [float(line.split(",")[header.index("loss")]) for line in history[1:]]
-    assert loss[0] > 3 * np.log(3) and loss[-1] < loss[0]
+    loss = [row["loss"] for row in report.read_history(str(run / "history.csv"))]
+    assert len(loss) == 3 and loss[0] > 3 * np.log(3) and loss[-1] < loss[0]
