@@ -6,6 +6,7 @@ import base64
 import io
 import re
 import threading
+import time
 
 import numpy as np
 import pytest
@@ -528,9 +529,18 @@ def test_concurrent_requests_are_batched(real_app, samples):
         barrier.wait()
         codes.append(client.post("/api/v1/predict", data=upload(("a.png", data))).status_code)
 
+    # The model is held busy until all 16 are waiting, so they must share calls however the threads are
+    # scheduled (on a loaded machine they could otherwise each find the model idle and run alone).
+    served = backend._served
+    batcher = served.loaded[served.default].batcher
     threads = [threading.Thread(target=one) for _ in range(16)]
-    for t in threads:
-        t.start()
+    with batcher._running:
+        for t in threads:
+            t.start()
+        deadline = time.monotonic() + 60
+        while batcher.waiting < 16 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert batcher.waiting == 16
     for t in threads:
         t.join()
     assert codes == [200] * 16
