@@ -95,9 +95,8 @@ def output_dtypes(signature_def):
     return {key: NUMPY_DTYPES.get(info.get("dtype")) for key, info in signature_def.get("outputs", {}).items()}
 
 
-def check_inputs(signature_name, signature_def, inputs):
-    """Raise ``ValueError`` (a 400) unless ``inputs`` match the signature's keys, dtypes and shapes."""
-    specs = tensor_specs(signature_def)
+def check_inputs(signature_name, specs, inputs):
+    """Raise ``ValueError`` (a 400) unless ``inputs`` match the signature's ``specs`` (:func:`tensor_specs`): keys, dtypes and shapes."""
     if set(inputs) != set(specs):
         raise ValueError(f"signature {signature_name!r} takes inputs {sorted(specs)}, got {sorted(inputs)}")
     for key, value in inputs.items():

@@ -7,6 +7,7 @@ for TF Serving, when its metadata is fetched), and answers a batch of pixels wit
 """
 
 import dataclasses
+import functools
 from collections.abc import Mapping
 from typing import Protocol, runtime_checkable
 
@@ -14,6 +15,7 @@ import numpy as np
 
 from contract import (CHANNELS, CONFIDENCE_OUTPUTS, IMAGE_SIZE, OUTPUT_CLASS_IDS, OUTPUT_CLASS_NAMES, OUTPUT_PROBABILITIES,
                       OUTPUTS, SIGNATURE_PIXELS)
+from serve import signatures
 
 
 @dataclasses.dataclass(frozen=True)
@@ -75,6 +77,12 @@ class ModelInfo:
         """``[(version, state)]`` newest first, as TF Serving's status lists them."""
         states = dict(self.states) or {version: "AVAILABLE" for version in self.versions}
         return sorted(states.items(), reverse=True)
+
+    @functools.cached_property
+    def input_specs(self):
+        """``{signature name: {input key: (numpy dtype, dims)}}`` (:func:`serve.signatures.tensor_specs`),
+        read from ``signature_defs`` once per loaded version rather than once per request."""
+        return {name: signatures.tensor_specs(sig) for name, sig in self.signature_defs.items()}
 
     @property
     def outputs(self):

@@ -307,7 +307,7 @@ class InferenceService:
             pixels = self.decode(datas.tolist(), lambda index: f"{INPUT_BYTES}[{index}]")
             return self.infer(pixels, version=version, info=info)
         try:
-            signatures.check_inputs(signature_name, signature_def, inputs)
+            signatures.check_inputs(signature_name, info.input_specs[signature_name], inputs)
         except ValueError as e:
             raise ServeError(str(e)) from None
         if signature_name == SIGNATURE_PIXELS and set(inputs) == {INPUT_PIXELS}:

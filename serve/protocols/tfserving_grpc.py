@@ -174,7 +174,7 @@ class PredictionService(prediction_service_pb2_grpc.PredictionServiceServicer):
                                  f"Outputs expected to be in the set {{{','.join(sorted(known))}}}.")
         if len(set(wanted)) != len(wanted):
             raise ServeError(f"output_filter names an output more than once: {wanted}")
-        specs = signatures.tensor_specs(signature_def)
+        specs = info.input_specs[signature_name]
         for proto in request.inputs.values():  # before any conversion: a refusal costs nothing
             if proto.tensor_shape.dim:
                 self.service.check_count(proto.tensor_shape.dim[0].size)

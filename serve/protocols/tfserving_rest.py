@@ -17,7 +17,7 @@ from flask import Blueprint, jsonify
 from werkzeug.routing import BaseConverter
 
 from contract import SIGNATURE_PIXELS, TFSERVING_REST_PREFIX
-from serve import bodies, signatures
+from serve import bodies
 from serve.core import NotServed, ServeError, float32_list
 from serve.protocols import json_error, service
 
@@ -86,13 +86,13 @@ def predict(name, version=None, label=None):
     signature_name = body.get("signature_name") or SIGNATURE_PIXELS
     if not isinstance(signature_name, str):
         raise ServeError("signature_name must be a string")
-    signature_def = info.signature_defs.get(signature_name)
-    if signature_def is None:
+    specs = info.input_specs.get(signature_name)
+    if specs is None:
         raise ServeError(f"Serving signature name: {signature_name!r} not found in signature def")
     row_format = "instances" in body
     if row_format == ("inputs" in body):
         raise ServeError('send exactly one of "instances" (row format) or "inputs" (columnar format)')
-    inputs = _parse_inputs(body["instances"] if row_format else body["inputs"], row_format, signature_def)
+    inputs = _parse_inputs(body["instances"] if row_format else body["inputs"], row_format, specs)
     answer = service().run(signature_name, inputs, name, version, label, info=info)
     outputs = {key: _jsonable(key, np.asarray(value)) for key, value in answer.outputs.items()}
     if row_format:
@@ -104,8 +104,7 @@ def _is_b64(value):
     return isinstance(value, dict) and set(value) == {"b64"}
 
 
-def _parse_inputs(value, row_format, signature_def):
-    specs = signatures.tensor_specs(signature_def)
+def _parse_inputs(value, row_format, specs):
     if row_format:
         if isinstance(value, np.ndarray) and len(specs) == 1:  # read by serve.json_tensors: rows of integers
             columns = {next(iter(specs)): value}
