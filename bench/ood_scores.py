@@ -123,12 +123,16 @@ class ViM:
 
 
 class Fusion:
-    """The sum of scores, each standardised by its mean and standard deviation on reference (held-out) scores."""
+    """The sum of scores, each standardised by its mean and standard deviation on reference (held-out)
+    scores and multiplied by its weight (default: 1 each)."""
 
-    def __init__(self, reference_scores):
+    def __init__(self, reference_scores, weights=None):
         self.stats = [(float(np.mean(s)), float(np.std(s)) or 1.0) for s in map(_float64, reference_scores)]
+        self.weights = [1.0] * len(self.stats) if weights is None else [float(w) for w in weights]
+        if len(self.weights) != len(self.stats):
+            raise ValueError(f"{len(self.stats)} scores, {len(self.weights)} weights")
 
     def __call__(self, scores):
         if len(scores) != len(self.stats):
             raise ValueError(f"{len(self.stats)} scores were fitted, {len(scores)} given")
-        return sum((_float64(s) - mean) / std for s, (mean, std) in zip(scores, self.stats))
+        return sum(w * (_float64(s) - mean) / std for s, (mean, std), w in zip(scores, self.stats, self.weights))

@@ -176,6 +176,20 @@ SQRT_HALF = 0.7071067811865476
 INV_SQRT_2PI = 0.3989422804014327
 
 
+#: The weight of each of :func:`six_views`' views in the averaged logits.
+VIEW_WEIGHTS = (0.25, 0.125, 0.125) * 2
+
+
+def six_views(images):
+    """The six views :class:`Views` averages, stacked on the batch axis (view-major): the image as is,
+    shifted one pixel up-left and down-right (reflect padding), then each of the three flipped."""
+    padded = keras.ops.pad(images, [[0, 0], [1, 1], [1, 1], [0, 0]], mode="reflect")
+    size = INPUT_SHAPE[0]
+    views = [images, padded[:, :size, :size], padded[:, 2:, 2:]]
+    views += [keras.ops.flip(view, axis=2) for view in views]
+    return keras.ops.concatenate(views)
+
+
 @keras.saving.register_keras_serializable(package="cifar")
 class Views(layers.Layer):
     """The network's logits: of the image when training; averaged over six views at inference."""
@@ -187,13 +201,9 @@ class Views(layers.Layer):
     def call(self, images, training=False):
         if training:
             return keras.ops.cast(self.network(images, training=True), "float32")
-        padded = keras.ops.pad(images, [[0, 0], [1, 1], [1, 1], [0, 0]], mode="reflect")
-        size = INPUT_SHAPE[0]
-        views = [images, padded[:, :size, :size], padded[:, 2:, 2:]]  # as is; shifted up-left; down-right
-        views += [keras.ops.flip(view, axis=2) for view in views]
-        logits = keras.ops.cast(self.network(keras.ops.concatenate(views), training=False), "float32")
-        logits = keras.ops.reshape(logits, (len(views), -1, logits.shape[-1]))
-        weights = keras.ops.convert_to_tensor([0.25, 0.125, 0.125] * 2, "float32")
+        logits = keras.ops.cast(self.network(six_views(images), training=False), "float32")
+        logits = keras.ops.reshape(logits, (len(VIEW_WEIGHTS), -1, logits.shape[-1]))
+        weights = keras.ops.convert_to_tensor(VIEW_WEIGHTS, "float32")
         return keras.ops.einsum("v,vbc->bc", weights, logits)
 
     def get_config(self):

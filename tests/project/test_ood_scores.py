@@ -145,3 +145,12 @@ def test_fusion_adds_the_scores_standardised_on_the_reference():
     np.testing.assert_allclose(fusion([np.array([2.0]), np.array([70.0])]), [0 + 40 / np.std(b)])
     with pytest.raises(ValueError, match="2 scores were fitted, 1 given"):
         fusion([a])
+
+
+def test_fusion_weighs_each_standardised_score():
+    a, b = np.array([1.0, 2.0, 3.0]), np.array([10.0, 30.0, 50.0])
+    fusion = scores.Fusion([a, b], weights=[1.0, -0.5])
+    np.testing.assert_allclose(fusion([np.array([3.0]), np.array([50.0])]),
+                               [(3 - 2) / np.std(a) - 0.5 * (50 - 30) / np.std(b)])
+    with pytest.raises(ValueError, match="2 scores, 1 weights"):
+        scores.Fusion([a, b], weights=[1.0])
