@@ -52,8 +52,12 @@ ARG MODEL_SRC=deploy/no-model
 # nginx for the proxy mode: a second container from this image, in front of gunicorn, reads every
 # request body before gunicorn's threads see it (deploy/nginx/nginx.conf says why). Debian's
 # bookworm package; its Debian revision is left free so that security updates install.
+# apt-get clean drops the downloaded packages and apt's two package caches (pkgcache.bin and
+# srcpkgcache.bin, 39 MB each), which Docker Hub's Debian images never write (their docker-clean
+# setting) but a plain Debian base does.
 RUN apt-get update \
     && apt-get install -y --no-install-recommends "nginx=1.22.1-*" \
+    && apt-get clean \
     && rm -rf /var/lib/apt/lists/*
 COPY deploy/nginx/nginx.conf /etc/nginx/serve.conf
 RUN groupadd --system --gid 10001 app \
