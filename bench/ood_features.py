@@ -173,13 +173,18 @@ def measure(features, labels, num_classes, banks, sets, selection_sets):
     return result
 
 
-def table(result, sets):
+def score_table(rows, sets):
+    """A Markdown table of ``{row name: {set: detection}}``: AUROC / FPR@95 in each of ``sets``."""
     lines = ["| score | " + " | ".join(sets) + " |", "|---|" + "---:|" * len(sets)]
-    for view, entry in result["views"].items():
-        for name, per_set in entry["scores"].items():
-            cells = [f"{per_set[s]['auroc']:.3f} / {per_set[s]['fpr_at_95_tpr']:.1%}" for s in sets]
-            lines.append(f"| {name}, {view} | " + " | ".join(cells) + " |")
+    for name, per_set in rows.items():
+        cells = [f"{per_set[s]['auroc']:.3f} / {per_set[s]['fpr_at_95_tpr']:.1%}" for s in sets]
+        lines.append(f"| {name} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
+
+
+def table(result, sets):
+    return score_table({f"{name}, {view}": per_set for view, entry in result["views"].items()
+                        for name, per_set in entry["scores"].items()}, sets)
 
 
 def main(argv=None):

@@ -35,7 +35,7 @@ import ood_sets  # noqa: E402
 from accuracy_of_record import test_split  # noqa: E402
 from emit import emit  # noqa: E402
 from ood import detection, load_run  # noqa: E402
-from ood_features import SELECTION_SEED, mean_auroc  # noqa: E402
+from ood_features import SELECTION_SEED, mean_auroc, score_table  # noqa: E402
 
 WEIGHTS = (0.1, 0.2, 0.3, 0.5, 0.75, 1.0, 1.5, 2.0)  # of the agreement, against the energy's 1
 
@@ -88,14 +88,6 @@ def measure(groups, sets, selection_sets):
                        for name, score in made.items()}}
 
 
-def table(result, sets):
-    lines = ["| score | " + " | ".join(sets) + " |", "|---|" + "---:|" * len(sets)]
-    for name, per_set in result["scores"].items():
-        cells = [f"{per_set[s]['auroc']:.3f} / {per_set[s]['fpr_at_95_tpr']:.1%}" for s in sets]
-        lines.append(f"| {name} | " + " | ".join(cells) + " |")
-    return "\n".join(lines)
-
-
 def main(argv=None):
     from export.calibration import read_holdout
 
@@ -117,7 +109,7 @@ def main(argv=None):
     logits = view_logits(model)
     groups = {group: view_scores(logits(x)) for group, x in images.items()}
     result = measure(groups, list(sets), [f"selection/{s}" for s in selection])
-    print(table(result, list(sets)))
+    print(score_table(result["scores"], list(sets)))
     print(f"agreement's weight, chosen on the held-out slice against the selection sets: {result['chosen']['weight']}")
     emit({"run": os.path.abspath(args.run), "model": manifest.model.name, "test_images": len(test_images),
           "held_out_images": len(held_images), **result}, args.json)

@@ -297,8 +297,7 @@ class InferenceService:
         ``info``: as for :meth:`infer` (a version a label named then runs even if the label moves meanwhile).
         """
         info, version = self._route(name, version, label, info)
-        signature_def = info.signature_defs.get(signature_name)
-        if signature_def is None:
+        if signature_name not in info.signature_defs:
             raise ServeError(f"signature {signature_name!r} not found; this model has {sorted(info.signature_defs)}")
         if signature_name == SIGNATURE_BYTES and set(inputs) == {INPUT_BYTES}:
             datas = np.asarray(inputs[INPUT_BYTES], dtype=object)
