@@ -22,6 +22,7 @@ import typing
 
 from contract.recipe import Recipe
 
+#: 4 (later, optional and so readable by every reader of 4): ``training.budget`` (:class:`Budget`).
 #: 4: the run's whole recipe under ``training.recipe`` (:class:`contract.recipe.Recipe`; the
 #: hyperparameters were flat fields of ``training``, some missing), ``training.input_pipeline``, and
 #: ``training.peak_learning_rate`` (the recipe's rate at the run's global batch; was ``learning_rate``).
@@ -102,6 +103,27 @@ class Input:  # the input contract every model takes
 
 
 @_section
+class Budget:
+    """How a run given a time budget (``python -m train --time-budget``) chose its length (train.budget).
+
+    Seconds are wall time on the trainer's clock, which starts when the run does (before the data is
+    read), so the budget covers the whole training command up to its manifest.
+    """
+
+    seconds: float  # the budget
+    epochs: int  # the length chosen: the most that fit, at least one, at most max_epochs
+    max_epochs: int  # the recipe's epochs, which the budget never exceeds
+    steps_per_epoch: int
+    step_s: float  # the median wall time of the timed steps
+    timed_steps: int  # steps timed after the first, which compiles
+    compile_s: float  # the first step's time less step_s: tracing and compiling the train step
+    elapsed_s: float  # on the clock when the choice was made
+    steps_done: int  # steps taken when the choice was made
+    reserve_s: float  # predicted for what follows the last step (the handover's evaluation and files)
+    predicted_s: float  # the whole run's predicted wall time at the chosen length
+
+
+@_section
 class Training:  # how the weights were made: the recipe, and the run that applied it
     data: str | None  # what --data named (None: data handed in by a caller)
     train_images: int
@@ -119,6 +141,7 @@ class Training:  # how the weights were made: the recipe, and the run that appli
     precision: str
     seed: int
     wall_time_s: float
+    budget: Budget | None = None  # None unless trained with --time-budget
 
 
 @_section

@@ -268,6 +268,8 @@ class Lookahead(keras.callbacks.Callback):
     early, strongly at the end. The weights are then set to the average, and once more at the
     end of each epoch, so every epoch (and the saved model) ends on the average, and a run
     resumed from an epoch's backup continues exactly. Assigned as copies, as in :class:`HoldFrom`.
+    ``total_steps``: a number, or a function that returns it (a time budget sets the run's length after
+    its first steps, train.budget).
     With several steps per compiled call (``--steps-per-execution``, 32 on a TPU) it can act only
     between calls: once in each call that passes a multiple of ``every``.
     """
@@ -303,7 +305,8 @@ class Lookahead(keras.callbacks.Callback):
                 self.average = [keras.ops.copy(w.value) for w in weights]
             return
         if due:
-            decay = self.base ** self.every * (step / self.total_steps) ** self.power
+            total = self.total_steps() if callable(self.total_steps) else self.total_steps
+            decay = self.base ** self.every * (step / total) ** self.power
             self.average = [a + (1 - decay) * (w.value - a) for a, w in zip(self.average, weights)]
         for a, w in zip(self.average, weights):
             w.assign(keras.ops.copy(a))

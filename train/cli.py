@@ -27,6 +27,16 @@ def _profile_steps(text):
     return first, last
 
 
+def _seconds(text):
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from None
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"must be more than 0 seconds, got {text}")
+    return value
+
+
 def recipe_value(field):
     """An ``argparse`` type for the recipe's ``field``: its type, then its valid values (contract.recipe.problem)."""
 
@@ -90,6 +100,12 @@ def build_parser():
                    help="keep N training images (a fixed seeded choice) out of training, for export to calibrate "
                         "the probabilities and choose the out-of-distribution threshold on (default: none; "
                         "5000 is a tenth of CIFAR-10)")
+    p.add_argument("--time-budget", type=_seconds, metavar="SECONDS",
+                   help="seconds for the whole run, from start to manifest: after timing its first steps it trains "
+                        "the most epochs, up to the recipe's --epochs, predicted to fit, ends the learning-rate "
+                        "schedule there, and says what it chose and why (recorded in the manifest; a resumed run "
+                        "keeps the choice). Evaluations during training (--validation-freq) come on top. "
+                        "(default: no budget, the recipe's epochs)")
     p.add_argument("--profile-steps", type=_profile_steps, metavar="A,B",
                    help="capture a TensorBoard profile of steps A to B")
     p.add_argument("--seed", type=int, default=0, help="random seed (default: %(default)s)")

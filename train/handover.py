@@ -24,8 +24,11 @@ FINGERPRINT_SEED = 20180921  # the fingerprint's images (train.models.fingerprin
 SAMPLE_IMAGES = {"train": 500, "test": 1000}
 
 
-def hand_over(config, plan, placement, splits, output, wall_time, held_out=None):
-    """Rebuild the model on the host from the saved file alone, evaluate it, write samples and manifest."""
+def hand_over(config, plan, placement, splits, output, wall_time, held_out=None, budget=None):
+    """Rebuild the model on the host from the saved file alone, evaluate it, write samples and manifest.
+
+    ``budget``: the time budget's choice (contract.manifest.Budget), recorded in the manifest.
+    """
     import keras
 
     from train import models, report
@@ -71,6 +74,7 @@ def hand_over(config, plan, placement, splits, output, wall_time, held_out=None)
             precision=plan.precision,
             seed=int(config.seed),
             wall_time_s=round(wall_time, 1),
+            budget=budget,
         ),
         metrics=manifests.Metrics(
             test_accuracy=float(evaluation["accuracy"]),

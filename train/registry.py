@@ -21,7 +21,8 @@ def register(name, recipe=Recipe(), prepare=None, callbacks=None):
 
     ``prepare(model, x_train)``, if given, initialises weights from the training images before
     training (the weights file then carries the result, so export needs no data).
-    ``callbacks(total_steps)``, if given, returns the Keras callbacks its recipe trains with.
+    ``callbacks(total_steps)``, if given, returns the Keras callbacks its recipe trains with; ``total_steps``
+    is the run's length in steps, or a function that returns it (a time budget chooses it after the first steps).
     """
 
     def decorator(builder):

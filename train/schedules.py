@@ -8,6 +8,9 @@ Keras is imported inside the functions: the training CLI imports this module's c
 has chosen the Keras backend.
 """
 
+import functools
+import math
+
 from contract.recipe import OPTIMIZERS, SCHEDULES
 
 
@@ -17,39 +20,88 @@ def scaled_rate(recipe, global_batch):
     return recipe.learning_rate * (ratio if recipe.lr_scaling == "linear" else ratio ** 0.5)
 
 
+#: The name of the optimizer's variable that holds the schedule's length in steps (:func:`length`).
+LENGTH = "schedule_steps"
+
+
 def optimizer(recipe, learning_rate, schedule, total_steps):
-    """The recipe's optimizer with ``schedule`` peaking at ``learning_rate`` over ``total_steps``."""
+    """The recipe's optimizer with ``schedule`` peaking at ``learning_rate`` over ``total_steps``.
+
+    The length is a variable of the optimizer (:func:`length`), read by the schedule at every step: a run
+    with a time budget (train.budget) sets it once it has timed its first steps, so that the schedule ends
+    where the run ends. Being the optimizer's, it is in the state every backend's compiled step reads,
+    and in the run's backup.
+    """
     import keras
 
-    warmup = max(1, int(total_steps * recipe.warmup_fraction))
-    if schedule == "onecycle":
-        rate = keras.optimizers.schedules.CosineDecay(
-            initial_learning_rate=learning_rate / 10,
-            decay_steps=max(1, total_steps - warmup),
-            alpha=0.0,
-            warmup_target=learning_rate,
-            warmup_steps=warmup,
-        )
-    elif schedule == "triangle":
-        rate = triangle(learning_rate, warmup, total_steps)
-    elif schedule == "linear":
-        rate = keras.optimizers.schedules.PolynomialDecay(learning_rate, max(1, total_steps), end_learning_rate=0.0)
-    elif schedule == "constant":
-        rate = learning_rate
-    else:
+    if schedule not in SCHEDULES:
         raise ValueError(f"unknown schedule {schedule!r}; choose from {', '.join(SCHEDULES)}")
+    scheduled = None if schedule == "constant" else _scheduled_class()(schedule, learning_rate, recipe.warmup_fraction)
+    rate = learning_rate if scheduled is None else scheduled
     weight_decay = recipe.weight_decay or None
     if recipe.optimizer == "sgd":
-        return keras.optimizers.SGD(rate, momentum=recipe.momentum, nesterov=True, weight_decay=weight_decay)
-    if recipe.optimizer == "sgd_pytorch":
-        return pytorch_sgd(rate, momentum=recipe.momentum, weight_decay=weight_decay)
-    if recipe.optimizer == "muon":
+        built = keras.optimizers.SGD(rate, momentum=recipe.momentum, nesterov=True, weight_decay=weight_decay)
+    elif recipe.optimizer == "sgd_pytorch":
+        built = pytorch_sgd(rate, momentum=recipe.momentum, weight_decay=weight_decay)
+    elif recipe.optimizer == "muon":
         filter_ratio = recipe.filter_learning_rate / learning_rate if learning_rate else 0.0
-        return muon(rate, filter_ratio, momentum=recipe.momentum, filter_momentum=recipe.filter_momentum,
-                    weight_decay=weight_decay)
-    if recipe.optimizer == "adam":
-        return keras.optimizers.Adam(rate, weight_decay=weight_decay)
-    raise ValueError(f"unknown optimizer {recipe.optimizer!r}; choose from {', '.join(OPTIMIZERS)}")
+        built = muon(rate, filter_ratio, momentum=recipe.momentum, filter_momentum=recipe.filter_momentum,
+                     weight_decay=weight_decay)
+    elif recipe.optimizer == "adam":
+        built = keras.optimizers.Adam(rate, weight_decay=weight_decay)
+    else:
+        raise ValueError(f"unknown optimizer {recipe.optimizer!r}; choose from {', '.join(OPTIMIZERS)}")
+    steps = built.add_variable((), initializer=keras.initializers.Constant(float(total_steps)), dtype="float32",
+                               name=LENGTH)
+    if scheduled is not None:
+        scheduled.steps = steps
+    return built
+
+
+def length(optimizer):
+    """The variable of :func:`optimizer`'s result that holds its schedule's length in steps (assign to change it)."""
+    for variable in optimizer.variables:
+        if variable.name == LENGTH:
+            return variable
+    raise ValueError(f"optimizer {optimizer.name!r} has no {LENGTH} variable: it was not made by schedules.optimizer")
+
+
+@functools.cache
+def _scheduled_class():
+    import keras
+
+    class Scheduled(keras.optimizers.schedules.LearningRateSchedule):
+        """A recipe's schedule over a length read at every step from ``steps`` (the variable :func:`optimizer` sets).
+
+        onecycle is Keras's ``CosineDecay`` from a tenth of the peak with a linear warmup, triangle is
+        :func:`triangle`, linear is Keras's ``PolynomialDecay`` to 0; each warms up over
+        ``max(1, floor(steps * warmup_fraction))`` steps, as they were built with a fixed length.
+        """
+
+        def __init__(self, schedule, peak, warmup_fraction, steps=None):
+            super().__init__()
+            self.schedule, self.peak, self.warmup_fraction, self.steps = schedule, peak, warmup_fraction, steps
+
+        def __call__(self, step):
+            ops = keras.ops
+            step = ops.cast(step, "float32")
+            total = ops.maximum(ops.cast(self.steps, "float32"), 1.0)
+            warmup = ops.maximum(ops.floor(total * self.warmup_fraction), 1.0)
+            if self.schedule == "linear":
+                return self.peak * (1.0 - ops.minimum(step, total) / total)
+            if self.schedule == "triangle":
+                return triangle_rate(step, self.peak, warmup, total)
+            # onecycle: linear from a tenth of the peak to it, then a half cosine down to 0.
+            decay = ops.maximum(total - warmup, 1.0)
+            step = ops.minimum(step, decay + warmup)
+            rising = self.peak / 10 + (self.peak - self.peak / 10) * step / warmup
+            falling = self.peak * 0.5 * (1.0 + ops.cos(math.pi * (step - warmup) / decay))
+            return ops.where(step < warmup, rising, falling)
+
+        def get_config(self):
+            return {"schedule": self.schedule, "peak": self.peak, "warmup_fraction": self.warmup_fraction}
+
+    return Scheduled
 
 
 def pytorch_sgd(learning_rate, momentum, weight_decay=None):
@@ -128,6 +180,17 @@ def orthogonalise(matrix, steps=3, eps=1e-7):
     return ops.transpose(x) if tall else x
 
 
+def triangle_rate(step, peak, warmup_steps, total_steps, start=0.2, end=0.07):
+    """:func:`triangle`'s rate at ``step`` (every argument a number or a tensor)."""
+    import keras
+
+    ops = keras.ops
+    step = ops.cast(step, "float32")
+    rising = start + (1 - start) * step / warmup_steps
+    falling = 1 + (end - 1) * (step - warmup_steps) / ops.maximum(ops.cast(total_steps - warmup_steps, "float32"), 1.0)
+    return peak * ops.where(step < warmup_steps, rising, ops.maximum(falling, end))
+
+
 def triangle(peak, warmup_steps, total_steps, start=0.2, end=0.07):
     """Linear from ``start`` x peak up to the peak at ``warmup_steps``, then linear down to ``end`` x peak.
 
@@ -137,10 +200,7 @@ def triangle(peak, warmup_steps, total_steps, start=0.2, end=0.07):
 
     class Triangle(keras.optimizers.schedules.LearningRateSchedule):
         def __call__(self, step):
-            step = keras.ops.cast(step, "float32")
-            rising = start + (1 - start) * step / warmup_steps
-            falling = 1 + (end - 1) * (step - warmup_steps) / max(1, total_steps - warmup_steps)
-            return peak * keras.ops.where(step < warmup_steps, rising, keras.ops.maximum(falling, end))
+            return triangle_rate(step, peak, warmup_steps, total_steps, start, end)
 
         def get_config(self):
             return {"peak": peak, "warmup_steps": warmup_steps, "total_steps": total_steps, "start": start, "end": end}

@@ -61,6 +61,7 @@ class Config:
     profile_steps: tuple = None
     seed: int = 0
     holdout: int = 0  # training images kept out of training for export's calibration (contract.confidence)
+    time_budget: float = None  # seconds for the whole run: it trains the most epochs that fit (train.budget)
     overwrite: bool = False
     verbose: int = 1
 
@@ -82,15 +83,20 @@ class Plan:
     input_pipeline: str  # "tf.data" or "numpy", decided once, before the model is built
 
 
-def run(config, strategy=None, splits=None):
+def run(config, strategy=None, splits=None, clock=time.monotonic):
     """Train as ``config`` says and return the manifest as a dict (None on a non-chief worker).
 
     Args:
       strategy: a ``tf.distribute.Strategy`` to use instead of picking one (tests pass
         an 8-replica MirroredStrategy here); implies the TensorFlow backend.
       splits: a :class:`train.data.Splits` to use instead of loading ``config.data``.
+      clock: seconds, monotonic: what the time budget and the progress lines read (tests pass a fake).
     """
     from train import hardware
+
+    started = clock()
+    if config.time_budget is not None and not config.time_budget > 0:
+        raise UsageError(f"--time-budget must be more than 0 seconds, got {config.time_budget:g}")
 
     output = os.path.abspath(config.output)
     manifest_path = os.path.join(output, MANIFEST_FILE)
@@ -106,7 +112,7 @@ def run(config, strategy=None, splits=None):
 
     # Everything that can fail on bad input happens before anything is written.
     backend = _choose_backend(config, strategy)
-    from train import data, handover, quiet
+    from train import budget, data, handover, quiet
 
     with quiet.native_startup():
         input_pipeline = _input_pipeline(config.input_pipeline, backend)  # imports TensorFlow for tf.data
@@ -124,6 +130,9 @@ def run(config, strategy=None, splits=None):
         plan = _plan(config, recipe, placement, len(splits.x_train), input_pipeline)
     except (hardware.AcceleratorError, data.DataError) as exc:
         raise UsageError(str(exc)) from None
+    if config.time_budget is not None and _shard(placement)[1] > 1:
+        # Each process would time its own steps and might choose another length: a collective mismatch.
+        raise UsageError("--time-budget times one process's steps; with several processes give --epochs instead")
     # Only the chief writes: the run, its logs and the backup every process resumes from.
     workdir = output
     if placement.chief:
@@ -136,7 +145,7 @@ def run(config, strategy=None, splits=None):
         _say(config, placement.note)
     _say(config, f"backend={backend} strategy={placement.name} hardware={placement.hardware} "
                  f"replicas={placement.replicas} global_batch={plan.global_batch} precision={plan.precision} "
-                 f"model={config.model} epochs={recipe.epochs} lr={plan.learning_rate:.4g} schedule={recipe.schedule} "
+                 f"model={config.model} epochs={recipe.epochs}{_budget_note(config)} lr={plan.learning_rate:.4g} schedule={recipe.schedule} "
                  f"augment={_describe_augmentation(recipe.augment, recipe.crop_padding, recipe.alternate_flips)} "
                  f"steps_per_execution={plan.steps_per_execution} input_pipeline={plan.input_pipeline}")
 
@@ -144,18 +153,20 @@ def run(config, strategy=None, splits=None):
         # Train a finished run again from scratch. An interrupted one (no manifest yet)
         # keeps its backup, so re-running this same command after a kill still resumes.
         shutil.rmtree(os.path.join(workdir, "backup"), ignore_errors=True)
-        for stale in ("history.csv", MANIFEST_FILE):
+        for stale in ("history.csv", budget.CHOICE_FILE, MANIFEST_FILE):
             if os.path.exists(os.path.join(workdir, stale)):
                 os.remove(os.path.join(workdir, stale))
 
-    model, wall_time = _fit(config, plan, placement, splits, workdir)
+    model, wall_time, choice = _fit(config, plan, placement, splits, workdir, started, clock)
     if not placement.chief:
         return None
+    if choice is not None:  # the manifest's recipe is the one trained: the budget's epochs
+        plan = dataclasses.replace(plan, recipe=dataclasses.replace(plan.recipe, epochs=choice.epochs))
     # Under JAX, outside the distribution: Keras makes a variable while saving, which would otherwise
     # be laid out over every process's devices (a collective the other processes are not in).
     with placement.host() if placement.backend == "jax" else contextlib.nullcontext():
         handover.save_weights_atomically(model, os.path.join(output, WEIGHTS_FILE))
-    manifest = handover.hand_over(config, plan, placement, splits, output, wall_time, held_out)
+    manifest = handover.hand_over(config, plan, placement, splits, output, wall_time, held_out, choice)
     _say(config, f"test accuracy {manifest.metrics.test_accuracy:.4f} on {manifest.metrics.test_images} "
                  f"images; weights and manifest in {output}")
     return manifest.to_dict()
@@ -240,11 +251,12 @@ def _plan(config, recipe, placement, train_images, input_pipeline="tf.data"):
     )
 
 
-def _fit(config, plan, placement, splits, workdir):
-    """Build, compile and fit under ``placement``; returns the model and the wall time in seconds."""
+def _fit(config, plan, placement, splits, workdir, started, clock):
+    """Build, compile and fit under ``placement``; returns the model, the wall time in seconds, and the
+    time budget's choice (a :class:`contract.manifest.Budget`, or None without a budget)."""
     import keras
 
-    from train import losses, models, schedules
+    from train import budget, losses, models, progress, schedules
 
     recipe = plan.recipe
     keras.utils.set_random_seed(config.seed)
@@ -257,16 +269,30 @@ def _fit(config, plan, placement, splits, workdir):
                                        alternate_flips=recipe.alternate_flips, shard=shard)
     val_ds = pipelines.eval_dataset(splits.x_test, splits.y_test, plan.global_batch, num_classes=labels, shard=shard)
 
+    # A run resumed after a kill keeps the length an earlier process chose, budget flag or not: its
+    # backup was trained on that schedule.
+    choice = budget.read_choice(workdir)
+    timer = None
+    if choice is not None:
+        _say(config, f"resuming with the length chosen when this run began: {budget.describe(choice)}")
+    elif config.time_budget is not None:
+        timer = budget.Timer(config.time_budget, started, plan.steps_per_epoch, recipe.epochs)
+    epochs = recipe.epochs if choice is None else choice.epochs
+    shown = progress.Progress(epochs, plan.steps_per_epoch, started, clock, timer=timer,
+                              run_dir=workdir if placement.chief else None,
+                              every_s=10 if config.verbose == 1 else progress.EVERY_S, verbose=config.verbose)
+    shown.choice = choice
+
     previous_policy = keras.mixed_precision.global_policy()
     keras.mixed_precision.set_global_policy(plan.precision)
     try:
         with placement.scope():
             model = models.build_model(config.model, num_classes)
-            started = time.monotonic()
+            fit_started = clock()
             models.prepare(config.model, model, splits.x_train)  # data-dependent initialisation, if any
             model.compile(
                 optimizer=schedules.optimizer(recipe, plan.learning_rate, recipe.schedule,
-                                              recipe.epochs * plan.steps_per_epoch),
+                                              epochs * plan.steps_per_epoch),
                 loss=losses.for_recipe(recipe),
                 # Weighted, so the zero-weight padding of the last evaluation batch never counts.
                 weighted_metrics=["accuracy"],
@@ -274,17 +300,18 @@ def _fit(config, plan, placement, splits, workdir):
             )
         model.fit(
             train_ds,
-            epochs=recipe.epochs,
+            epochs=epochs,
             steps_per_epoch=plan.steps_per_epoch,
             validation_data=val_ds,
             validation_freq=config.validation_freq,
             shuffle=False,  # the dataset shuffles itself
-            # The recipe's own first: they change the weights, which the others then save and log.
-            callbacks=models.training_callbacks(config.model, recipe.epochs * plan.steps_per_epoch)
-            + _callbacks(config, plan, placement, workdir),
-            verbose=config.verbose,
+            # The recipe's own first: they change the weights, which the others then save and log. Their
+            # length is the run's, which a time budget may shorten after the first steps.
+            callbacks=models.training_callbacks(config.model, lambda: shown.epochs * plan.steps_per_epoch)
+            + _callbacks(config, plan, placement, workdir, shown),
+            verbose=0,  # progress.Progress says how it goes, in lines a log keeps
         )
-        return model, time.monotonic() - started
+        return model, clock() - fit_started, shown.choice
     finally:
         keras.mixed_precision.set_global_policy(previous_policy)
 
@@ -309,7 +336,7 @@ def _shard(placement):
     return jax_devices.shard()
 
 
-def _callbacks(config, plan, placement, workdir):
+def _callbacks(config, plan, placement, workdir, shown):
     import keras
 
     from train import report
@@ -323,7 +350,7 @@ def _callbacks(config, plan, placement, workdir):
         restore = jax_devices.ChiefBackup(backup, placement.chief)  # the others resume from the chief's
     else:
         restore = keras.callbacks.BackupAndRestore(backup)
-    callbacks = [restore, report.EpochTimer()]
+    callbacks = [restore, report.EpochTimer(), shown]
     if not placement.chief:
         return callbacks  # only the chief writes the run
     callbacks.append(keras.callbacks.CSVLogger(os.path.join(workdir, "history.csv"), append=True))
@@ -334,6 +361,12 @@ def _callbacks(config, plan, placement, workdir):
 
         callbacks.append(jax_devices.Profile(os.path.join(logs, "train"), *config.profile_steps))
     return callbacks
+
+
+def _budget_note(config):
+    if config.time_budget is None:
+        return ""
+    return f" (at most: a time budget of {config.time_budget:g} s chooses after the first steps)"
 
 
 def _describe_augmentation(augment, crop_padding, alternate_flips=False):

@@ -392,7 +392,8 @@ def test_killed_run_resumes_at_the_next_epoch(tmp_path, backend):
 
     second = subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
     assert second.returncode == 0, second.stderr[-2000:]
-    epochs_run = [line.split()[1] for line in second.stdout.splitlines() if line.startswith("Epoch ")]
+    # progress.Progress's line at each epoch's end: "epoch 3/4 done in 1.2 s: ..."
+    epochs_run = [line.split()[1] for line in second.stdout.splitlines() if line.startswith("epoch ") and " done" in line]
     finished = len([e for e in report.read_history(str(output / "history.csv")) if e["epoch"] < 2])
     assert finished == 2
     assert epochs_run and epochs_run[0] in ("3/4", "4/4") and epochs_run[-1] == "4/4"
