@@ -78,6 +78,16 @@ class Recipe:
     crop_padding: int = hyperparameter(
         4, "with --augment: reflection padding before the random crop; 0 flips only", unit="pixels", low=0,
         metavar="PIXELS")
+    corrupt_fraction: float = hyperparameter(
+        0.0, "share of each training batch corrupted, each image on its own draw: half of them with Gaussian noise "
+             "(--corrupt-noise), half blurred (--corrupt-blur), after the crop and flip; 0 trains on clean images "
+             "only", unit="fraction of the images, 0-1", low=0.0, high=1.0, metavar="FRACTION")
+    corrupt_noise: float = hyperparameter(
+        0.1, "with --corrupt-fraction: the largest standard deviation of the noise; each noisy image draws its own "
+             "uniformly from 0 up to it", unit="fraction of the 0-255 range", low=0.0, high=1.0, metavar="STD")
+    corrupt_blur: float = hyperparameter(
+        1.0, "with --corrupt-fraction: the largest sigma of the Gaussian blur; each blurred image draws its own "
+             "uniformly from 0 up to it", unit="pixels", low=0.0, high=3.0, metavar="SIGMA")
     label_smoothing: float = hyperparameter(
         0.0, "target mass spread evenly over all classes", unit="fraction, 0-1", low=0.0, high=1.0,
         metavar="FRACTION")

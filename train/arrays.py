@@ -18,7 +18,7 @@ import keras
 import numpy as np
 
 from contract import IMAGE_SIZE
-from train.data import check_shard, first_flips, pad_for_evaluation
+from train.data import BLUR_RADIUS, blur_kernels, check_shard, first_flips, pad_for_evaluation
 
 WORKERS = max(1, min(4, (os.cpu_count() or 1) - 1))  # batch-making threads beside the training loop
 
@@ -41,6 +41,30 @@ def augment(images, pad, rng, flips=None, shard=(0, 1)):
         rows = rows + rng.integers(0, 2 * pad + 1, (count * n, 1))[part]
         cols = cols + rng.integers(0, 2 * pad + 1, (count * n, 1))[part]
     return images[np.arange(n)[:, None, None], rows[:, :, None], cols[:, None, :]]
+
+
+def corrupt(images, fraction, noise, blur, rng, shard=(0, 1)):
+    """Gaussian noise on ``fraction / 2`` of a float32 batch's images, blur on as many, each image on its own draw.
+
+    The NumPy twin of :func:`train.data.corrupt`: the same draws' meaning (a standard deviation uniform in
+    [0, ``noise`` x 255), a sigma uniform in [0, ``blur``) pixels, a separable reflect-padded kernel per
+    image), computed for the chosen images only, one tap at a time over all of them.
+    """
+    n = len(images)
+    index, count = shard
+    part = slice(index * n, (index + 1) * n)
+    kind, std, sigma = rng.random((count * n, 3))[part].T.astype(np.float32)
+    out = images.copy()
+    noisy = np.flatnonzero(kind < fraction / 2)
+    out[noisy] += rng.standard_normal((len(noisy), *images.shape[1:]), dtype=np.float32) * (
+        std[noisy] * noise * 255)[:, None, None, None]
+    blurred = np.flatnonzero((kind >= fraction / 2) & (kind < fraction))
+    kernels = blur_kernels(sigma[blurred] * blur)[:, :, None, None, None]  # [images, taps, 1, 1, 1]
+    r, size = BLUR_RADIUS, images.shape[1]
+    padded = np.pad(images[blurred], ((0, 0), (r, r), (r, r), (0, 0)), mode="reflect")
+    across = sum(kernels[:, t] * padded[:, :, t:t + size] for t in range(2 * r + 1))
+    out[blurred] = sum(kernels[:, t] * across[:, t:t + size] for t in range(2 * r + 1))
+    return np.clip(out, 0, 255, out=out)
 
 
 class _Batches(keras.utils.PyDataset):
@@ -67,9 +91,10 @@ class TrainBatches(_Batches):
     """Shuffled, augmented float32 batches; the last partial batch of each epoch is dropped."""
 
     def __init__(self, x, y, global_batch, augmentation=True, seed=None, crop_padding=4, num_classes=None,
-                 alternate_flips=False, shard=(0, 1)):
+                 alternate_flips=False, shard=(0, 1), corrupt_fraction=0.0, corrupt_noise=0.1, corrupt_blur=1.0):
         super().__init__(global_batch, num_classes, shard)
         self.x, self.y = x, y
+        self.corruption = (corrupt_fraction, corrupt_noise, corrupt_blur)
         self.augmentation, self.crop_padding = augmentation, crop_padding
         self.seed = 0 if seed is None else seed
         self.first_flips = first_flips(len(x), seed) if alternate_flips else None
@@ -82,12 +107,15 @@ class TrainBatches(_Batches):
     def __getitem__(self, i):
         index = self.order[self._part(i)]
         images = self.x[index]
+        # One stream per (seed, epoch, batch): the same batch whichever thread (or process) makes it.
+        rng = np.random.default_rng([self.seed, self.epoch, i])
         if self.augmentation:
-            # One stream per (seed, epoch, batch): the same batch whichever thread (or process) makes it.
             flips = None if self.first_flips is None else self.first_flips[index] ^ (self.epoch % 2 == 1)
-            images = augment(images, self.crop_padding, np.random.default_rng([self.seed, self.epoch, i]), flips,
-                             self.shard)
-        return images.astype(np.float32), self._labels(self.y[index])
+            images = augment(images, self.crop_padding, rng, flips, self.shard)
+        images = images.astype(np.float32)
+        if self.corruption[0] > 0:
+            images = corrupt(images, *self.corruption, rng, self.shard)
+        return images, self._labels(self.y[index])
 
     def on_epoch_end(self):
         self.epoch += 1

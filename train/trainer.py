@@ -146,7 +146,7 @@ def run(config, strategy=None, splits=None, clock=time.monotonic):
     _say(config, f"backend={backend} strategy={placement.name} hardware={placement.hardware} "
                  f"replicas={placement.replicas} global_batch={plan.global_batch} precision={plan.precision} "
                  f"model={config.model} epochs={recipe.epochs}{_budget_note(config)} lr={plan.learning_rate:.4g} schedule={recipe.schedule} "
-                 f"augment={_describe_augmentation(recipe.augment, recipe.crop_padding, recipe.alternate_flips)} "
+                 f"augment={_describe_augmentation(recipe)} "
                  f"steps_per_execution={plan.steps_per_execution} input_pipeline={plan.input_pipeline}")
 
     if config.overwrite and placement.chief and os.path.exists(manifest_path):
@@ -266,7 +266,9 @@ def _fit(config, plan, placement, splits, workdir, started, clock):
     shard = _shard(placement)  # several processes: each feeds its own part of every global batch
     train_ds = pipelines.train_dataset(splits.x_train, splits.y_train, plan.global_batch, recipe.augment,
                                        seed=config.seed, crop_padding=recipe.crop_padding, num_classes=labels,
-                                       alternate_flips=recipe.alternate_flips, shard=shard)
+                                       alternate_flips=recipe.alternate_flips, shard=shard,
+                                       corrupt_fraction=recipe.corrupt_fraction, corrupt_noise=recipe.corrupt_noise,
+                                       corrupt_blur=recipe.corrupt_blur)
     val_ds = pipelines.eval_dataset(splits.x_test, splits.y_test, plan.global_batch, num_classes=labels, shard=shard)
 
     # A run resumed after a kill keeps the length an earlier process chose, budget flag or not: its
@@ -369,11 +371,15 @@ def _budget_note(config):
     return f" (at most: a time budget of {config.time_budget:g} s chooses after the first steps)"
 
 
-def _describe_augmentation(augment, crop_padding, alternate_flips=False):
-    if not augment:
-        return "off"
-    flip = "alternating flip" if alternate_flips else "flip"
-    return f"crop(pad {crop_padding})+{flip}" if crop_padding else flip
+def _describe_augmentation(recipe):
+    parts = []
+    if recipe.augment:
+        flip = "alternating flip" if recipe.alternate_flips else "flip"
+        parts.append(f"crop(pad {recipe.crop_padding})+{flip}" if recipe.crop_padding else flip)
+    if recipe.corrupt_fraction > 0:
+        parts.append(f"corrupt({recipe.corrupt_fraction:g} of each batch: noise std up to {recipe.corrupt_noise:g}, "
+                     f"blur sigma up to {recipe.corrupt_blur:g} px)")
+    return "+".join(parts) or "off"
 
 
 def _say(config, line):

@@ -1,0 +1,82 @@
+"""Corruption augmentation (``--corrupt-fraction``): noise and blur on a share of each batch, in both input pipelines."""
+
+import numpy as np
+import pytest
+
+from train import arrays, data
+
+
+def _tf_corrupt(images, fraction, noise, blur):
+    import tensorflow as tf
+
+    tf.random.set_seed(0)
+    return data.corrupt(tf.constant(images), fraction, noise, blur).numpy()
+
+
+def _numpy_corrupt(images, fraction, noise, blur):
+    return arrays.corrupt(images, fraction, noise, blur, np.random.default_rng(0))
+
+
+PIPELINES = {"tf.data": _tf_corrupt, "numpy": _numpy_corrupt}
+
+
+@pytest.mark.parametrize("pipeline", PIPELINES)
+def test_a_blurred_point_keeps_its_light_and_spreads_by_the_sigma_drawn(pipeline):
+    points = np.zeros((400, 32, 32, 3), np.float32)
+    points[:, 16, 16, :] = 255.0
+    out = PIPELINES[pipeline](points, fraction=1.0, noise=0.0, blur=2.0)
+    assert out.shape == points.shape and out.dtype == np.float32
+    light = out[..., 0].sum(axis=(1, 2)) / 255.0
+    np.testing.assert_allclose(light, 1.0, rtol=1e-4)  # normalised kernels; reflection never reaches the centre
+    weights = out[..., 0] / out[..., 0].sum(axis=(1, 2), keepdims=True)
+    columns = np.arange(32)[None, None, :]
+    spread = np.sqrt((weights * (columns - 16) ** 2).sum(axis=(1, 2)))
+    blurred = np.abs(out - points).reshape(len(points), -1).max(axis=1) > 1e-3
+    assert 0.3 < blurred.mean() < 0.7, "half of the corrupted images are blurred, the other half noisy (here by 0)"
+    assert spread.max() <= 2.0 * 1.02 and spread.max() > 1.6, "sigmas drawn up to the largest, never past it"
+    assert np.median(spread[blurred]) > 0.5
+    rows = np.arange(32)[None, :, None]
+    np.testing.assert_allclose(np.sqrt((weights * (rows - 16) ** 2).sum(axis=(1, 2))), spread, atol=1e-3,
+                               err_msg="the same blur down as across")
+
+
+@pytest.mark.parametrize("pipeline", PIPELINES)
+def test_noise_is_drawn_per_image_up_to_its_largest_spread(pipeline):
+    grey = np.full((400, 32, 32, 3), 128.0, np.float32)
+    out = PIPELINES[pipeline](grey, fraction=0.5, noise=0.1, blur=1.0)
+    spread = (out - grey).reshape(len(grey), -1).std(axis=1)
+    noisy = spread > 0.01  # a blurred flat image is the same image, up to float rounding
+    assert 0.15 < noisy.mean() < 0.35, "a quarter: half of the corrupted half"
+    assert spread.max() < 0.1 * 255 * 1.05
+    assert 0.4 * 0.1 * 255 < spread[noisy].mean() < 0.6 * 0.1 * 255, "uniform from 0 to the largest: half of it on average"
+    np.testing.assert_allclose(out[~noisy], grey[~noisy], atol=1e-3)
+
+
+def test_the_corruption_never_leaves_the_pixel_range():
+    rng = np.random.default_rng(2)
+    images = rng.choice([0.0, 255.0], size=(200, 32, 32, 3)).astype(np.float32)
+    for corrupt in PIPELINES.values():
+        out = corrupt(images, fraction=1.0, noise=0.5, blur=3.0)
+        assert out.min() >= 0.0 and out.max() <= 255.0
+
+
+@pytest.mark.parametrize("pipeline", PIPELINES)
+def test_the_training_pipeline_corrupts_its_share_of_each_batch(pipeline):
+    # Every image flat, each its own grey: a corrupted one is no longer flat but for a blur of very small sigma.
+    count = 512
+    x = np.repeat(np.arange(count, dtype=np.float32)[:, None] % 200 + 20, 32 * 32 * 3, axis=1).reshape(count, 32, 32, 3)
+    y = np.arange(count) % 3
+    options = dict(augmentation=False, seed=0, corrupt_fraction=0.5, corrupt_noise=0.1, corrupt_blur=1.0)
+    if pipeline == "tf.data":
+        batches = [images.numpy() for images, _ in data.train_dataset(x.astype(np.uint8), y, 128, **options).take(4)]
+    else:
+        dataset = arrays.train_dataset(x.astype(np.uint8), y, 128, **options)
+        batches = [dataset[i][0] for i in range(4)]
+    images = np.concatenate(batches)
+    changed = images.reshape(len(images), -1).std(axis=1) > 0.01
+    # Blurring a flat image changes nothing: the changed ones are the noisy quarter.
+    assert 0.17 < changed.mean() < 0.33
+    clean = data.train_dataset(x.astype(np.uint8), y, 128, augmentation=False, seed=0) if pipeline == "tf.data" else (
+        arrays.train_dataset(x.astype(np.uint8), y, 128, augmentation=False, seed=0))
+    first = next(iter(clean))[0] if pipeline == "tf.data" else clean[0][0]
+    assert np.asarray(first).reshape(128, -1).std(axis=1).max() == 0, "no corruption unless the recipe asks"
