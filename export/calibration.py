@@ -34,10 +34,13 @@ def outputs(confidence, logits):
 
 
 def logits(logits_model, images):
-    """float64 logits of uint8 ``images``, in batches."""
-    return np.concatenate([
-        np.asarray(logits_model(images[start:start + BATCH].astype(np.float32), training=False), np.float64)
-        for start in range(0, len(images), BATCH)])
+    """float64 logits of uint8 ``images``, in batches, through one traced function (eager calls took a third longer)."""
+    import tensorflow as tf
+
+    call = tf.function(lambda x: logits_model(x, training=False), input_signature=[
+        tf.TensorSpec([None, IMAGE_SIZE, IMAGE_SIZE, 3], tf.float32)])
+    return np.concatenate([np.asarray(call(images[start:start + BATCH].astype(np.float32)), np.float64)
+                           for start in range(0, len(images), BATCH)])
 
 
 def fit(logits_model, manifest, run_dir):
