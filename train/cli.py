@@ -93,9 +93,9 @@ def build_parser():
                         "'auto' and 'none' (default: %(default)s)")
     p.add_argument("--steps-per-execution", type=positive_int,
                    help=f"steps per compiled call (default: {trainer.TPU_STEPS_PER_EXECUTION} on TPU, 1 elsewhere)")
-    p.add_argument("--validation-freq", type=positive_int, default=1, metavar="N",
-                   help="evaluate on the test split every N epochs; the run's test accuracy is measured at the "
-                        "end either way (default: every epoch)")
+    p.add_argument("--validation-freq", type=non_negative_int, default=1, metavar="N",
+                   help="evaluate on the test split every N epochs, 0 never while training; the run's test accuracy "
+                        "is measured at the end either way (default: every epoch)")
     p.add_argument("--holdout", type=non_negative_int, default=0, metavar="N",
                    help="keep N training images (a fixed seeded choice) out of training, for export to calibrate "
                         "the probabilities and choose the out-of-distribution threshold on (default: none; "

@@ -57,7 +57,7 @@ class Config:
     precision: str = "auto"
     tpu: str = "auto"
     steps_per_execution: int = None  # None: 32 on TPU, 1 elsewhere
-    validation_freq: int = 1  # evaluate on the test split every N epochs (the handover always does at the end)
+    validation_freq: int = 1  # evaluate on the test split every N epochs, 0 never (the handover always does at the end)
     profile_steps: tuple = None
     seed: int = 0
     holdout: int = 0  # training images kept out of training for export's calibration (contract.confidence)
@@ -304,8 +304,8 @@ def _fit(config, plan, placement, splits, workdir, started, clock):
             train_ds,
             epochs=epochs,
             steps_per_epoch=plan.steps_per_epoch,
-            validation_data=val_ds,
-            validation_freq=config.validation_freq,
+            validation_data=val_ds if config.validation_freq else None,
+            validation_freq=config.validation_freq or 1,
             shuffle=False,  # the dataset shuffles itself
             # The recipe's own first: they change the weights, which the others then save and log. Their
             # length is the run's, which a time budget may shorten after the first steps.

@@ -245,3 +245,14 @@ def test_a_bad_budget_is_one_line_and_exit_2(argv, message, capsys):
     with pytest.raises(SystemExit) as exit:
         cli.main(argv)
     assert exit.value.code == 2 and message in capsys.readouterr().err
+
+
+def test_validation_freq_0_evaluates_only_at_the_end(tmp_path, splits):
+    """The main job's setting: no evaluation on the test split between epochs, the test accuracy measured at the end."""
+    import dataclasses
+
+    manifest = trainer.run(dataclasses.replace(_config(tmp_path / "run", None, verbose=0), validation_freq=0),
+                           splits=splits, clock=FakeClock())
+    rows = report.read_history(str(tmp_path / "run" / "history.csv"))
+    assert len(rows) == 6 and not any(key.startswith("val_") for row in rows for key in row)
+    assert manifest["metrics"]["test_images"] == len(splits.x_test) and manifest["metrics"]["test_accuracy"] > 0.5
