@@ -2,7 +2,7 @@
 
 Typical usage (``python -m train --time-budget 480``, or ``TIME_BUDGET`` in ``scripts/main.sh``)::
 
-    timer = budget.Timer(480, started=clock(), steps_per_epoch=22, max_epochs=10)
+    timer = budget.Timer(480, started=clock(), steps_per_epoch=45, max_epochs=10, handover_steps=8)
     timer.began_training(clock())
     after each step:  choice = timer.step_ended(clock(), steps_taken)   # a contract.manifest.Budget, once
 
@@ -10,8 +10,8 @@ The run starts with the schedule at the recipe's length. The first step compiles
 apart; the next :data:`TIMED_STEPS` are timed, and their median is the step's time. The choice is
 then the most epochs, at least one and at most the recipe's, whose predicted end is inside the
 budget: the clock so far, the steps left at the measured time, and what follows the last step
-(:data:`HANDOVER_STEPS` steps' time: rebuilding the model, evaluating the test images through the
-test-time views, writing the files). The schedule's length is set to the chosen epochs' steps
+(:func:`handover_steps`: rebuilding the model, evaluating the test images through the test-time
+views, writing the files). The schedule's length is set to the chosen epochs' steps
 (train.schedules.length), so the learning rate still ends at its end, and the few steps already
 taken moved along the longer schedule by at most :data:`TIMED_STEPS` + 1 of its steps.
 
@@ -32,9 +32,16 @@ from contract import manifest as manifests
 #: Steps timed after the first (compiling) one before the choice. Five steps of airbench_muon are
 #: about 10 s on an AVX-512 BF16 + AMX host, 4% of a seven-epoch run.
 TIMED_STEPS = 5
-#: What follows the last step, in steps' time: the handover rebuilds the model, evaluates the test
-#: images through the model's test-time views, writes the samples and the manifest.
-HANDOVER_STEPS = 8
+#: What follows the last step, in training images' time per test image: the handover rebuilds the
+#: model, evaluates every test image (airbench's through six test-time views), writes the samples and
+#: the manifest. Its work is test images, not steps: about 6 s after airbench_muon's last step on the
+#: AVX-512 BF16 + AMX kind for 1,000 test images, the time of 6 steps of 1,000 images or 3 of 2,000.
+HANDOVER_IMAGES_PER_TEST_IMAGE = 8
+
+
+def handover_steps(global_batch, test_images):
+    """What the handover after the last step costs, in steps of ``global_batch`` (:data:`HANDOVER_IMAGES_PER_TEST_IMAGE`)."""
+    return HANDOVER_IMAGES_PER_TEST_IMAGE * test_images / global_batch
 #: In the run directory: the choice, kept for a resumed run (contract.manifest.Budget as JSON).
 CHOICE_FILE = "budget.json"
 
@@ -61,11 +68,11 @@ def choose(budget_s, elapsed_s, steps_done, step_s, steps_per_epoch, max_epochs,
 class Timer:
     """Times a run's steps on a clock it is given, and chooses the run's length once it has timed enough.
 
-    ``started``: the clock when the run began (the budget counts from there).
+    ``started``: the clock when the run began (the budget counts from there); ``handover_steps``: what
+    follows the last step, in steps (:func:`handover_steps`).
     """
 
-    def __init__(self, budget_s, started, steps_per_epoch, max_epochs, timed_steps=TIMED_STEPS,
-                 handover_steps=HANDOVER_STEPS):
+    def __init__(self, budget_s, started, steps_per_epoch, max_epochs, handover_steps, timed_steps=TIMED_STEPS):
         if not budget_s > 0:
             raise ValueError(f"a time budget must be more than 0 seconds, got {budget_s}")
         self.budget_s, self.started = float(budget_s), started

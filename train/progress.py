@@ -39,12 +39,14 @@ class Progress(keras.callbacks.Callback):
       run_dir: where the choice is kept (:func:`train.budget.write_choice`), with a timer.
       every_s: seconds between progress lines.
       verbose: 0 says nothing (the choice is still made and kept).
+      handover_steps: what follows the last step, in steps' time, for the time left (train.budget.handover_steps).
     """
 
     def __init__(self, epochs, steps_per_epoch, started, clock=time.monotonic, timer=None, run_dir=None,
-                 every_s=EVERY_S, verbose=1, say=None):
+                 every_s=EVERY_S, verbose=1, say=None, handover_steps=0.0):
         super().__init__()
         self.epochs, self.steps_per_epoch, self.started, self.clock = epochs, steps_per_epoch, started, clock
+        self.handover_steps = handover_steps
         self.timer, self.run_dir, self.every_s, self.verbose = timer, run_dir, every_s, verbose
         self.say = say or (lambda line: print(line, flush=True))
         self.choice = None
@@ -102,7 +104,7 @@ class Progress(keras.callbacks.Callback):
         step_s = self.step_seconds()
         if step_s is None:
             return 0.0
-        return (self.epochs * self.steps_per_epoch - step + budget.HANDOVER_STEPS) * step_s
+        return (self.epochs * self.steps_per_epoch - step + self.handover_steps) * step_s
 
     def on_epoch_end(self, epoch, logs=None):
         logs = logs or {}

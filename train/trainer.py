@@ -278,11 +278,13 @@ def _fit(config, plan, placement, splits, workdir, started, clock):
     if choice is not None:
         _say(config, f"resuming with the length chosen when this run began: {budget.describe(choice)}")
     elif config.time_budget is not None:
-        timer = budget.Timer(config.time_budget, started, plan.steps_per_epoch, recipe.epochs)
+        timer = budget.Timer(config.time_budget, started, plan.steps_per_epoch, recipe.epochs,
+                             budget.handover_steps(plan.global_batch, len(splits.x_test)))
     epochs = recipe.epochs if choice is None else choice.epochs
     shown = progress.Progress(epochs, plan.steps_per_epoch, started, clock, timer=timer,
                               run_dir=workdir if placement.chief else None,
-                              every_s=10 if config.verbose == 1 else progress.EVERY_S, verbose=config.verbose)
+                              every_s=10 if config.verbose == 1 else progress.EVERY_S, verbose=config.verbose,
+                              handover_steps=budget.handover_steps(plan.global_batch, len(splits.x_test)))
     shown.choice = choice
 
     previous_policy = keras.mixed_precision.global_policy()

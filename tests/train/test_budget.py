@@ -50,7 +50,7 @@ def _timed(timer, ends):
 
 
 def test_the_timer_times_steps_after_the_compiling_one_and_chooses_once():
-    timer = budget.Timer(300, started=100.0, steps_per_epoch=22, max_epochs=10, timed_steps=5, handover_steps=8)
+    timer = budget.Timer(300, started=100.0, steps_per_epoch=22, max_epochs=10, handover_steps=8, timed_steps=5)
     timer.began_training(120.0)  # 20 s of loading and building before the first step
     # The first step ends 12 s later (10 s compiling); then steps of 2 s with one slow one of 7 s.
     ends = [(132.0, 1), (134.0, 2), (136.0, 3), (143.0, 4), (145.0, 5), (147.0, 6), (149.0, 7), (151.0, 8)]
@@ -65,7 +65,7 @@ def test_the_timer_times_steps_after_the_compiling_one_and_chooses_once():
 
 
 def test_with_several_steps_a_call_each_call_is_divided_by_its_steps():
-    timer = budget.Timer(10_000, started=0.0, steps_per_epoch=64, max_epochs=4, timed_steps=5)
+    timer = budget.Timer(10_000, started=0.0, steps_per_epoch=64, max_epochs=4, handover_steps=8, timed_steps=5)
     timer.began_training(0.0)
     made = _timed(timer, [(40.0, 4), (44.0, 8), (48.0, 12)])  # 4 steps a call, 1 s a step
     assert len(made) == 1 and made[0][0] == 12
@@ -73,7 +73,7 @@ def test_with_several_steps_a_call_each_call_is_divided_by_its_steps():
 
 
 def test_a_run_shorter_than_the_timing_chooses_at_its_last_step():
-    timer = budget.Timer(100, started=0.0, steps_per_epoch=2, max_epochs=2, timed_steps=5)
+    timer = budget.Timer(100, started=0.0, steps_per_epoch=2, max_epochs=2, handover_steps=8, timed_steps=5)
     timer.began_training(0.0)
     made = _timed(timer, [(5.0, 1), (6.0, 2), (7.0, 3), (8.0, 4)])
     assert [step for step, _ in made] == [4] and made[0][1].epochs == 2
@@ -81,7 +81,7 @@ def test_a_run_shorter_than_the_timing_chooses_at_its_last_step():
 
 def test_a_budget_of_no_time_is_refused():
     with pytest.raises(ValueError, match="more than 0 seconds"):
-        budget.Timer(0, started=0.0, steps_per_epoch=2, max_epochs=2)
+        budget.Timer(0, started=0.0, steps_per_epoch=2, max_epochs=2, handover_steps=8)
 
 
 def _choice(**changes):
@@ -197,12 +197,14 @@ def _config(output, time_budget, verbose=2):
 
 def test_a_budgeted_run_trains_the_epochs_it_chose_and_its_manifest_says_why(tmp_path, splits, capsys):
     clock = FakeClock()
-    manifest = trainer.run(_config(tmp_path / "run", 50.0), splits=splits, clock=clock)
+    manifest = trainer.run(_config(tmp_path / "run", 70.0), splits=splits, clock=clock)
     chosen = manifest["training"]["budget"]
     # The callback reads the clock once a step, so on this clock a step takes exactly one second.
     assert chosen["step_s"] == 1.0 and chosen["timed_steps"] == budget.TIMED_STEPS
-    assert chosen["max_epochs"] == 6 and 1 <= chosen["epochs"] < 6, "50 s cannot hold six epochs of 12 s"
-    assert chosen["predicted_s"] <= 50.0
+    # The handover evaluates the 48 test images: 8 x 48 images' time, 32 steps of 12.
+    assert chosen["reserve_s"] == budget.handover_steps(12, len(splits.x_test)) == 32.0
+    assert chosen["max_epochs"] == 6 and 1 <= chosen["epochs"] < 6, "70 s cannot hold six epochs of 12 s"
+    assert chosen["predicted_s"] <= 70.0
     # The manifest's recipe is what was trained; the history has exactly the chosen epochs.
     assert manifest["training"]["recipe"]["epochs"] == chosen["epochs"]
     assert len(report.read_history(str(tmp_path / "run" / "history.csv"))) == chosen["epochs"]
@@ -223,7 +225,7 @@ def test_a_resumed_run_keeps_the_length_chosen_before_it_was_killed(tmp_path, sp
     output = tmp_path / "run"
     # Killed in its second epoch: one epoch backed up, the choice made in the first.
     with pytest.raises(Killed):
-        trainer.run(_config(output, 50.0), splits=splits, clock=FakeClock(stop_at=22))
+        trainer.run(_config(output, 70.0), splits=splits, clock=FakeClock(stop_at=22))
     first = budget.read_choice(str(output))
     assert first is not None and first.epochs < 6
     assert len(report.read_history(str(output / "history.csv"))) == 1
