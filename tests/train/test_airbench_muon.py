@@ -86,11 +86,12 @@ def test_the_linear_schedule_falls_from_the_peak_straight_to_zero():
 def test_the_muon_recipe_is_airbench94_muons_at_the_fast_widths():
     recipe = models.recipe("airbench_muon")
     assert recipe is airbench.AIRBENCH_MUON_RECIPE
-    assert (recipe.optimizer, recipe.schedule, recipe.batch_size, recipe.label_smoothing) == ("muon", "linear", 2000, 0.0)
+    assert (recipe.optimizer, recipe.schedule, recipe.batch_size, recipe.label_smoothing) == ("muon", "linear", 1000, 0.0)
+    assert (recipe.epochs, recipe.reference_batch, recipe.learning_rate) == (10, 2000, 1.66)
     assert (recipe.filter_learning_rate, recipe.filter_momentum, recipe.momentum) == (0.24, 0.6, 0.85)
     plan = trainer._plan(trainer.Config(model="airbench_muon", precision="float32"), recipe,
                          Placement("tensorflow", "test", "cpu", replicas=1), 45_000)
-    assert (plan.global_batch, plan.learning_rate, plan.steps_per_epoch) == (2000, 1.66, 22)
+    assert (plan.global_batch, plan.learning_rate, plan.steps_per_epoch) == (1000, 0.83, 45)
     callbacks = models.training_callbacks("airbench_muon", recipe.epochs * plan.steps_per_epoch)
     assert [type(c) for c in callbacks] == [airbench.HoldFrom]  # no lookahead
     model = models.build_model("airbench_muon", num_classes=10)
