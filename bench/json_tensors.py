@@ -24,7 +24,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
 from bench.serving import cpu_model  # noqa: E402
-from serve import json_tensors  # noqa: E402
+from serve.http import json_tensors  # noqa: E402
 
 WAYS = {
     "serve.json_tensors": lambda body: json_tensors.loads(body, "instances")["instances"],

@@ -63,13 +63,14 @@ class Instant:
 
     def __init__(self):
         from bench.peers.model import CLASSES
+        from serve.backends import signatures
         from serve.backends.batcher import Batcher
         from serve.core.model import Confidence, ModelInfo
 
         self._info = ModelInfo(
             name=MODEL_NAME, version=1, versions=(1,), architecture="seed_cnn", class_names=CLASSES,
-            confidence=Confidence(True, 1.2, "energy", -8.0), signature_defs=_signature_defs(),
-            confidence_outputs=("ood_score", "in_distribution"), runtime="litert",
+            confidence=Confidence(True, 1.2, "energy", -8.0), signatures=signatures.of_json(_signature_defs()),
+            runtime="litert",
         )
         probabilities = np.linspace(0.01, 0.19, 10, dtype=np.float32)[None]
         self._outputs = {
@@ -85,10 +86,10 @@ class Instant:
     def info(self, version=None):
         return self._info
 
-    def infer(self, images, version=None):
+    def infer(self, images, version=None, deadline=None):
         from serve.core.model import Prediction
 
-        return Prediction(1, self._batcher.submit(images))
+        return Prediction(1, self._batcher.submit(images, deadline))
 
     def run(self, signature_name, inputs, version=None):
         return self._outputs

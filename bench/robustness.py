@@ -341,7 +341,7 @@ def main(argv=None):
     if not severities or not set(severities) <= set(SEVERITIES):
         raise SystemExit(f"error: --severities must be among 1-5, not {args.severities!r}")
 
-    from serve import published
+    from serve.backends import published
     from serve.backends import runtimes
 
     version_dir = version_dir_of(args.model_dir)

@@ -49,7 +49,7 @@ from PIL import Image  # noqa: E402
 
 from bench.serving_agreement import agreement_rows  # noqa: E402
 from bench.serving_http import FLOOR, multipart, serve_round  # noqa: E402
-from serve import published  # noqa: E402
+from serve.backends import published  # noqa: E402
 from serve.backends import runtimes  # noqa: E402
 
 RUNTIMES = ("savedmodel", "litert", "litert-int8")

@@ -52,7 +52,7 @@ def main(argv=None):
     }
     os.environ.update({key: value for key, value in env.items() if value})
     try:
-        configured = settings.Settings.from_env()
+        configured = settings.Settings.from_env().resolved()
     except settings.SettingsError as e:
         print(f"serve: {e}", file=sys.stderr)
         return 2

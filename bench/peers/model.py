@@ -79,7 +79,7 @@ def ensure_model(model_dir=None, log=print):
     model_dir = os.path.join(models, "cifar10")
     if os.path.isdir(model_dir):
         from contract.manifest import ManifestError
-        from serve import published
+        from serve.backends import published
 
         try:
             published.manifest(version_dir(model_dir))  # made by this code's export: its manifest format is read

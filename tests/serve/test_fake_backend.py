@@ -12,7 +12,7 @@ import fake_backend
 import synthetic
 from contract import manifest as manifests
 from contract import published as publications
-from serve.core.errors import NotServed, ServeError
+from serve.core.errors import ModelFailed, NotServed, ServeError
 from serve.core.model import Backend, ModelInfo
 
 
@@ -24,7 +24,7 @@ def test_it_is_a_backend_with_a_real_manifest():
     info = backend.info()
     assert isinstance(info, ModelInfo) and info.version == 1 and info.versions == (1,)
     assert info.class_names == synthetic.CLASS_NAMES and info.outputs == contract.CALIBRATED_OUTPUTS
-    assert set(info.signature_defs) == {contract.SIGNATURE_PIXELS, contract.SIGNATURE_BYTES}
+    assert set(info.signatures) == {contract.SIGNATURE_PIXELS, contract.SIGNATURE_BYTES}
 
 
 def test_answers_are_computed_from_the_pixels_and_name_the_version():
@@ -49,7 +49,7 @@ def test_answers_are_computed_from_the_pixels_and_name_the_version():
 def test_faults_raise_hold_and_refuse():
     images = synthetic.make_images(1)[0]
     backend = fake_backend.FakeBackend()
-    backend.raises = ServeError("prediction failed: boom", 500)
+    backend.raises = ModelFailed("prediction failed: boom")
     with pytest.raises(ServeError, match="boom"):
         backend.infer(images)
     backend.raises = None
@@ -72,7 +72,7 @@ def test_faults_raise_hold_and_refuse():
 def test_the_local_backend_describes_the_same_manifest_alike(model_base):
     """Over a real export, the local backend's info and the fake's for the same published manifest agree on every
     field but the runtime's tensor names, which the fake cannot know."""
-    from serve import published
+    from serve.backends import published
     from serve.backends import LocalBackend
 
     local = LocalBackend(model_base, "cifar10", "litert", max_batch=8, batch_wait_ms=0, poll_s=0)
@@ -83,13 +83,13 @@ def test_the_local_backend_describes_the_same_manifest_alike(model_base):
         local.close()
     fake = fake_backend.FakeBackend(manifests={1: published.manifest(str(model_base / "1"))}).info()
 
-    def unnamed(signature_defs):
-        return {name: {**sig, **{kind: {key: {k: v for k, v in tensor.items() if k != "name"}
-                                        for key, tensor in sig[kind].items()} for kind in ("inputs", "outputs")}}
-                for name, sig in signature_defs.items()}
+    def unnamed(signatures):  # the graph's tensor names differ: they are the fake's own
+        return {name: {kind: {key: dataclasses.replace(spec, name="") for key, spec in getattr(sig, kind).items()}
+                       for kind in ("inputs", "outputs")} | {"method": sig.method_name}
+                for name, sig in signatures.items()}
 
-    assert unnamed(fake.signature_defs) == unnamed(real.signature_defs)
+    assert unnamed(fake.signatures) == unnamed(real.signatures)
     for field in dataclasses.fields(ModelInfo):
-        if field.name not in ("signature_defs", "states"):
+        if field.name not in ("signatures", "states"):
             assert getattr(fake, field.name) == getattr(real, field.name), field.name
     assert fake.version_states() == real.version_states()

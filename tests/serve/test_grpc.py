@@ -275,16 +275,16 @@ def test_a_message_over_the_size_limit_is_refused_by_grpc(predict_stub, images):
 
 @pytest.fixture()
 def held(app, monkeypatch):
-    """The service's ``run`` held until the test lets it go: a model call that outlasts any deadline, without a sleep."""
+    """The service's ``infer`` held until the test lets it go: a model call that outlasts any deadline, without a sleep."""
     service = app.extensions["serve.service"]
-    real, entered, release = service.run, threading.Event(), threading.Event()
+    real, entered, release = service.infer, threading.Event(), threading.Event()
 
     def run(*args, **kwargs):
         entered.set()
         release.wait(DEADLINE_S)
         return real(*args, **kwargs)
 
-    monkeypatch.setattr(service, "run", run)
+    monkeypatch.setattr(service, "infer", run)
     yield entered
     release.set()
     monkeypatch.undo()
@@ -307,7 +307,7 @@ def test_the_server_serves_after_deadlines_and_cancellations(predict_stub, image
 
 @pytest.mark.parametrize("remaining, code", [(-0.5, grpc.StatusCode.DEADLINE_EXCEEDED), (5.0, grpc.StatusCode.CANCELLED)])
 def test_a_call_whose_caller_went_away_stops_between_stages(remaining, code):
-    from serve.protocols import tfserving_grpc
+    from serve.grpc import edge
 
     class Gone:
         def is_active(self):
@@ -316,14 +316,14 @@ def test_a_call_whose_caller_went_away_stops_between_stages(remaining, code):
         def time_remaining(self):
             return remaining
 
-    with pytest.raises(tfserving_grpc.Failure) as raised:
-        tfserving_grpc.alive(Gone())
+    with pytest.raises(edge.Failure) as raised:
+        edge.alive(Gone())
     assert raised.value.code == code
 
 
 def test_an_unexpected_fault_is_internal_with_no_traceback(app, predict_stub, images, monkeypatch):
     service = app.extensions["serve.service"]
-    monkeypatch.setattr(service, "run", lambda *args, **kwargs: 1 / 0)
+    monkeypatch.setattr(service, "infer", lambda *args, **kwargs: 1 / 0)
     code, details = code_of(predict_stub.Predict, pixels_request(images), metadata=WITH_KEY)
     assert code == grpc.StatusCode.INTERNAL and details == "internal error: ZeroDivisionError"
     monkeypatch.undo()
@@ -332,10 +332,10 @@ def test_an_unexpected_fault_is_internal_with_no_traceback(app, predict_stub, im
 
 def test_the_rate_limit_is_one_budget_with_http(images):
     """Three calls a minute for the API area: HTTP and gRPC draw on the same count, per key."""
-    from serve.protocols import tfserving_grpc
+    from serve.grpc import server as grpc_server
 
     limited = make_app(API_KEYS=f"{KEY},other", RATE_LIMIT_API="3/minute")
-    server, port = tfserving_grpc.make_server(limited, "127.0.0.1:0", threads=4, reuse_port=False)
+    server, port = grpc_server.make_server(limited, "127.0.0.1:0", threads=4, reuse_port=False)
     server.start()
     try:
         with grpc.insecure_channel(f"127.0.0.1:{port}") as channel:

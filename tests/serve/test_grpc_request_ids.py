@@ -39,7 +39,7 @@ def channel(served):
 @pytest.fixture()
 def access_lines():
     """The JSON lines the ``serve.access`` logger writes while the test runs."""
-    from serve import logs
+    from serve.telemetry import logs
 
     stream = io.StringIO()
     handler = logging.StreamHandler(stream)

@@ -7,7 +7,7 @@ import numpy as np
 import orjson
 import pytest
 
-from serve import json_tensors
+from serve.http import json_tensors
 
 
 def same(fast, general):

@@ -127,14 +127,14 @@ def test_the_config_names_the_model_and_its_path(app, models):
     ("model_config_list { config { name: 'a' base_path: '/m' version_labels { key: '7' value: 1 } } }", "label '7'"),
 ])
 def test_a_config_tf_serving_would_refuse_is_refused_saying_why(text, reason):
-    from serve import model_config
+    from serve.backends import model_config
 
     with pytest.raises(model_config.ConfigError, match=reason):
         model_config.parse(text, "models.config")
 
 
 def test_each_policy_selects_as_tf_serving_does():
-    from serve import model_config
+    from serve.backends import model_config
 
     def select(policy, published=(1, 2, 3, 5)):
         return model_config.parse(f"model_config_list {{ config {{ name: 'a' base_path: '/m' "

@@ -22,7 +22,7 @@ def keyed():
 @pytest.fixture()
 def access_lines():
     """The JSON lines the ``serve.access`` logger writes while the test runs."""
-    from serve import logs
+    from serve.telemetry import logs
 
     stream = io.StringIO()
     handler = logging.StreamHandler(stream)
@@ -103,7 +103,7 @@ def test_one_json_line_a_request_without_key_material(keyed, access_lines):
 
 
 def test_text_is_a_setting():
-    from serve import logs
+    from serve.telemetry import logs
     from serve.settings import Settings, SettingsError
 
     assert Settings.from_env({}).log_format == "json"
@@ -119,10 +119,9 @@ def test_text_is_a_setting():
 def test_gunicorns_own_lines_in_the_same_format(monkeypatch, kind):
     from gunicorn.config import Config
 
-    from serve import logs
+    from serve.telemetry import logs
 
-    monkeypatch.setenv("SERVE_LOG_FORMAT", kind)
-    logger = logs.gunicorn_logger()(Config())
+    logger = logs.gunicorn_logger(kind)(Config())
     stream = io.StringIO()
     for handler in logger.error_log.handlers:
         handler.stream = stream

@@ -687,13 +687,13 @@ def test_settings_from_the_environment():
 
 
 def test_a_key_is_compared_with_every_key_in_constant_time(monkeypatch):
-    from serve import security
+    from serve.core import admission
 
     compared = []
-    real = security.hmac.compare_digest
-    monkeypatch.setattr(security.hmac, "compare_digest", lambda a, b: compared.append(b) or real(a, b))
-    keys = security.load_keys("first, second,third", None)
-    assert security.matches("first", keys) and not security.matches("fourth", keys)
+    real = admission.hmac.compare_digest
+    monkeypatch.setattr(admission.hmac, "compare_digest", lambda a, b: compared.append(b) or real(a, b))
+    keys = admission.load_keys("first, second,third", None)
+    assert admission.matches("first", keys) and not admission.matches("fourth", keys)
     assert compared == list(keys) * 2  # no early exit on a match
 
 

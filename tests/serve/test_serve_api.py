@@ -113,8 +113,8 @@ def test_the_service_runs_without_flask(app, samples):
     """The core of every route needs no app: its backend, limits and metrics are handed in."""
     import flask
 
-    from serve.core import Answered, InferenceService, Limits, Refused, Upload
-    from serve.metrics import Metrics
+    from serve.core import Answered, InferenceService, InferRequest, Limits, Refused, Tensor, Upload
+    from serve.telemetry.metrics import Metrics
 
     images, _ = samples
     metrics = Metrics()
@@ -126,14 +126,14 @@ def test_the_service_runs_without_flask(app, samples):
         Upload("big.png", png(np.zeros((33, 32, 3), np.uint8))),
     ]
     assert not flask.has_app_context()
-    result = core.classify(uploads, top_k=2)
+    result = core.infer(InferRequest({"image_bytes": Tensor(uploads)}, signature="predict_images", top_k=2, per_image=True))
     assert result.model.name == "cifar10" and result.version == 1
     first, second, third = result.images
     assert isinstance(first, Answered) and isinstance(second, Refused) and isinstance(third, Refused)
     assert first.top_k[0].class_id == int(np.argmax(fake_probabilities(images[0])))
     assert len(first.top_k) == 2
     assert second.public() == {"filename": None, "error": "instance 1: is not valid base64", "status": 400}
-    assert third.status == 413 and third.error.startswith("'big.png' has too many pixels")
+    assert third.status == 413 and str(third.error).startswith("'big.png' has too many pixels")
     exposition = metrics.exposition()[0].decode()
     assert "serve_images_total 1.0" in exposition  # only the image that reached the model
 
@@ -538,9 +538,9 @@ def test_concurrent_requests_are_batched(real_app, samples):
         for t in threads:
             t.start()
         deadline = time.monotonic() + 60
-        while batcher.waiting < 16 and time.monotonic() < deadline:
+        while batcher.queued < 16 and time.monotonic() < deadline:
             time.sleep(0.01)
-        assert batcher.waiting == 16
+        assert batcher.queued == 16
     for t in threads:
         t.join()
     assert codes == [200] * 16

@@ -98,11 +98,11 @@ class _Backend:
         self.fail = False
 
     def ready(self):
-        from serve.core.errors import ServeError
+        from serve.core.errors import Unavailable
 
         self.ready_calls += 1
         if self.fail:
-            raise ServeError("the model went away", 503)
+            raise Unavailable("the model went away")
         return 7
 
     def info(self):
@@ -114,23 +114,30 @@ class _Backend:
         pass
 
 
+def _service(backend, clock=lambda: 100.0):
+    """The core over ``backend``, on a clock that stands still unless the test moves it."""
+    from serve.core.service import InferenceService, Limits
+
+    return InferenceService(backend, "cifar10", Limits(max_images=4, max_pixels=1 << 20, top_k=3, max_request_pixels=1 << 22),
+                            clock=clock)
+
+
 def test_readiness_probes_at_most_once_per_interval_on_a_fake_clock():
     from serve.core.errors import ServeError
-    from serve.health import Readiness
 
     now = [100.0]
     backend = _Backend()
-    readiness = Readiness(backend, interval_s=1.0, clock=lambda: now[0])
-    assert [readiness.check() for _ in range(50)] == [7] * 50
+    readiness = _service(backend, clock=lambda: now[0])
+    assert [readiness.ready() for _ in range(50)] == [7] * 50
     assert backend.ready_calls == 1
     backend.fail = True
     now[0] += 0.99
-    assert readiness.check() == 7 and backend.ready_calls == 1  # still the last result
+    assert readiness.ready() == 7 and backend.ready_calls == 1  # still the last result
     now[0] += 0.01
     with pytest.raises(ServeError, match="went away"):
-        readiness.check()
+        readiness.ready()
     with pytest.raises(ServeError):
-        readiness.check()
+        readiness.ready()
     assert backend.ready_calls == 2
 
 
@@ -146,8 +153,6 @@ def test_readyz_and_the_v2_health_routes_share_one_probe():
 
 
 def test_concurrent_readyz_calls_run_one_probe():
-    from serve.health import Readiness
-
     entered, release = threading.Event(), threading.Event()
 
     class Slow(_Backend):
@@ -157,9 +162,9 @@ def test_concurrent_readyz_calls_run_one_probe():
             return super().ready()
 
     backend = Slow()
-    readiness = Readiness(backend, interval_s=3600)
+    readiness = _service(backend)
     results = []
-    threads = [threading.Thread(target=lambda: results.append(readiness.check())) for _ in range(8)]
+    threads = [threading.Thread(target=lambda: results.append(readiness.ready())) for _ in range(8)]
     threads[0].start()
     assert entered.wait(30)
     for thread in threads[1:]:
@@ -242,13 +247,11 @@ def test_metrics_take_the_api_keys_when_they_have_none_of_their_own():
 
 def test_a_backend_still_loading_is_probed_again_at_once():
     """No model call is spent while loading, so that answer is not kept: ready the moment the model is in."""
-    from serve.health import Readiness
-
     backend = _Backend()
     backend.loaded = False
     backend.fail = True
-    readiness = Readiness(backend, interval_s=3600)
+    readiness = _service(backend)
     with pytest.raises(Exception, match="went away"):
-        readiness.check()
+        readiness.ready()
     backend.loaded, backend.fail = True, False
-    assert readiness.check() == 7
+    assert readiness.ready() == 7

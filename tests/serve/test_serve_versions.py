@@ -64,7 +64,7 @@ def _png_b64():
 
 
 def test_the_published_manifest_is_read_as_the_typed_manifest(model_base, tmp_path):
-    from serve import published
+    from serve.backends import published
 
     served = published.manifest(str(model_base / "1"))
     assert served.model.name == "seed_cnn" and served.export.version == 1 and served.num_classes == 3

@@ -69,9 +69,9 @@ def untraced(model_base, memory):
 
 
 def _grpc_target(app):
-    from serve.protocols import tfserving_grpc
+    from serve.grpc import server as grpc_server
 
-    server, port = tfserving_grpc.make_server(app, "127.0.0.1:0", threads=4, reuse_port=False)
+    server, port = grpc_server.make_server(app, "127.0.0.1:0", threads=4, reuse_port=False)
     server.start()
     return server, f"127.0.0.1:{port}"
 
@@ -356,7 +356,7 @@ def test_console_prints_the_spans_of_one_request_from_a_real_server(model_base, 
 def test_the_exporter_is_a_checked_setting_and_the_service_has_a_name(monkeypatch):
     from opentelemetry.sdk.resources import SERVICE_NAME
 
-    from serve import tracing
+    from serve.telemetry import tracing
     from serve.settings import Settings, SettingsError
 
     assert Settings.from_env({}).traces_exporter == "none"

@@ -29,7 +29,7 @@ from contract import (CHANNELS, IMAGE_SIZE, INPUT_BYTES, INPUT_PIXELS, OUTPUT_CL
 from contract import manifest as manifests
 from contract import published as publications
 from contract.recipe import Recipe
-from serve.core.errors import NotServed, ServeError
+from serve.core.errors import BadRequest, NotServed, Unavailable
 from serve.core.model import ModelInfo, Prediction, readiness_images
 
 SCALE = 8.0
@@ -90,8 +90,8 @@ def published_manifest(class_names=synthetic.CLASS_NAMES, *, model_name="cifar10
 
 
 def signature_defs(manifest):
-    """``manifest``'s signatures in TF Serving's metadata JSON, as the local backend reads them from ``saved_model.pb``."""
-    from serve import signatures
+    """``manifest``'s signatures, typed, as the local backend reads them from ``saved_model.pb``."""
+    from serve.backends import signatures
     from tfs_protos.tensorflow_serving.apis import get_model_metadata_pb2
 
     defs = get_model_metadata_pb2.SignatureDefMap()
@@ -102,7 +102,7 @@ def signature_defs(manifest):
             _tensor_info(sig.inputs[key], tensor, f"{name}_{key}:0")
         for index, (key, tensor) in enumerate(sorted(signature.outputs.items())):
             _tensor_info(sig.outputs[key], tensor, f"StatefulPartitionedCall:{index}")
-    return signatures.signature_def_map_json(defs)
+    return signatures.of_signature_defs(defs.signature_def)
 
 
 def _tensor_info(info, tensor, name):
@@ -177,7 +177,7 @@ class FakeBackend:
         return ModelInfo.build(self.name, number, defs, manifest, versions=self.versions, runtime=self.runtime,
                                labels=dict(self.labels), skipped_versions=dict(self.skipped_versions))
 
-    def infer(self, images, version=None):
+    def infer(self, images, version=None, deadline=None):
         number = self._version(version)
         images = np.asarray(images, np.uint8)
         with self._lock:
@@ -192,17 +192,12 @@ class FakeBackend:
         return Prediction(number, outputs)
 
     def run(self, signature_name, inputs, version=None):
-        info = self.info(version)
-        if signature_name not in info.signature_defs:
-            raise ServeError(f"signature {signature_name!r} not found; this model has {sorted(info.signature_defs)}", 400)
-        if signature_name == SIGNATURE_PIXELS and set(inputs) == {INPUT_PIXELS}:
-            return self.infer(inputs[INPUT_PIXELS], version).outputs
-        # As LiteRT (the default runtime) answers: it runs serving_default alone.
-        raise ServeError(f"the {self.runtime} runtime does not run signature {signature_name!r}", 400)
+        # As LiteRT (the default runtime) answers: it runs serving_default alone, which the core sends to infer.
+        raise BadRequest(f"the {self.runtime} runtime does not run signature {signature_name!r}")
 
     def ready(self):
         if self.not_ready:
-            raise ServeError("the model is still loading", 503)
+            raise Unavailable("the model is still loading")
         self.infer(readiness_images())
         return self.versions[-1]
 
@@ -211,11 +206,12 @@ class FakeBackend:
 
     def _version(self, version):
         if self.not_ready:
-            raise ServeError("the model is still loading", 503)
+            raise Unavailable("the model is still loading")
         number = self.versions[-1] if version is None else int(version)
         if number not in self.manifests:
-            raise NotServed(self.name, version, self.versions, f"model {self.name!r} version {version} is not loaded "
-                            f"(available: {', '.join(map(str, self.versions))})")
+            raise NotServed(f"model {self.name!r} version {version} is not loaded "
+                            f"(available: {', '.join(map(str, self.versions))})", name=self.name, version=version,
+                            versions=self.versions)
         return number
 
     def _fault(self):

@@ -127,13 +127,21 @@ def init_app(app, log_format):
         if answered[0] is not None:  # which version answered, on every protocol (TF Serving's REST body has no field for it)
             response.headers[VERSION_HEADER] = str(answered[0])
         rule, method = request.url_rule, request.method
-        ACCESS.info("%s %s %s", method, request.path if rule is None else rule.rule, status, extra={
+        ACCESS.info("%s %s %s", method, printable(request.path) if rule is None else rule.rule, status, extra={
             "request_id": rid, "method": method, "route": rule.rule if rule is not None else "<unmatched>",
             "status": status, "model_version": answered[0], "images": answered[1],
             "duration_ms": round((time.perf_counter() - started) * 1000, 2) if started else None,
             "client": request.remote_addr,
         })
         return response
+
+
+def printable(text, limit=200):
+    """A path from a request as a log line may show it: control characters escaped (a ``%0A`` must not start a forged
+    line in the text format), at most ``limit`` characters."""
+    if not text.isprintable():
+        text = text.encode("unicode_escape").decode("ascii")
+    return text if len(text) <= limit else text[: limit - 1] + "\u2026"
 
 
 def note_answer(version, images):
@@ -155,16 +163,14 @@ def log_call(state, method, status, duration_s, client):
     })
 
 
-def gunicorn_logger():
-    """gunicorn's logger class with its error and access logs in ``SERVE_LOG_FORMAT`` (``logger_class`` in gunicorn_conf)."""
+def gunicorn_logger(kind):
+    """gunicorn's logger class with its error and access logs in ``kind`` (``SERVE_LOG_FORMAT``; ``logger_class`` in gunicorn_conf)."""
     from gunicorn import glogging
-
-    from serve.settings import Settings
 
     class Logger(glogging.Logger):
         def setup(self, cfg):
             super().setup(cfg)
-            if Settings.from_env().log_format == "json":
+            if kind == "json":
                 for log in (self.error_log, self.access_log):
                     for handler in log.handlers:
                         handler.setFormatter(formatter("json"))

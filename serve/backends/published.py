@@ -17,7 +17,7 @@ def versions(model_dir, model_file=SAVED_MODEL_FILE):
     return sorted(
         int(n)
         for n in names
-        if n.isdigit()
+        if n.isascii() and n.isdigit()  # int() reads other scripts' digits too; a version is ASCII
         and os.path.isfile(os.path.join(model_dir, n, SAVED_MODEL_FILE))
         and os.path.isfile(os.path.join(model_dir, n, model_file))
     )

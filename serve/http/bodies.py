@@ -39,8 +39,8 @@ from flask import current_app, jsonify, request
 from flask.json.provider import DefaultJSONProvider
 from werkzeug.exceptions import BadRequest, HTTPException
 
-from serve import json_tensors
-from serve.core.errors import ServeError
+from serve.core.errors import BadRequest
+from serve.http import json_tensors
 
 NESTED_TOO_DEEPLY = "nested too deeply"
 #: Most bytes of a refused request's unread body read before answering, so its connection stays usable.
@@ -93,7 +93,7 @@ def _default(value):
 
 
 def request_json(tensor=None):
-    """The request body decoded as JSON, whatever its Content-Type; a 400 :class:`ServeError` says why not.
+    """The request body decoded as JSON, whatever its Content-Type; a :class:`~serve.core.errors.BadRequest` says why not.
 
     ``tensor``: a key, or keys, whose array of integers (a batch of images' pixels) is read
     straight into an int64 NumPy array (:mod:`serve.json_tensors`) instead of nested lists.
@@ -103,7 +103,7 @@ def request_json(tensor=None):
             return json_tensors.loads(request.get_data(cache=True), tensor, current_app.json.loads)
         return current_app.json.loads(request.get_data(cache=True))
     except ValueError as e:
-        raise ServeError(f"the body is not valid JSON ({e})") from None
+        raise BadRequest(f"the body is not valid JSON ({e})") from None
 
 
 def init_app(app):

@@ -1,6 +1,8 @@
 """Prometheus metrics. Under gunicorn with several workers, prometheus-client's multiprocess
 mode (``PROMETHEUS_MULTIPROC_DIR``, set by :mod:`serve.gunicorn_conf`) adds up every worker."""
 
+import time
+
 import numpy as np
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
@@ -51,7 +53,7 @@ class Metrics:
             "serve_request_duration_seconds", "Time to answer a request.", ["route", "method"], buckets=LATENCY_BUCKETS, **kw
         )
         self.requests = Counter("serve_requests", "Requests answered, by route and status.", ["route", "method", "status"], **kw)
-        # gRPC calls (serve/protocols/grpc_calls.py): the method is one the server registered (an unknown one never
+        # gRPC calls (serve/grpc/interceptors.py): the method is one the server registered (an unknown one never
         # reaches the interceptor), the code one of gRPC's status names: both from fixed sets.
         self.grpc_latency = Histogram(
             "serve_grpc_request_duration_seconds", "Time to answer a gRPC call, by method.", ["method"],
@@ -178,3 +180,28 @@ class Metrics:
         else:
             registry = self._registry
         return generate_latest(registry), CONTENT_TYPE_LATEST
+
+
+def init_app(app, metrics):
+    """Time, count and gauge every HTTP request of ``app`` by route, method and status (``g.serve_started``: its arrival)."""
+    from flask import g, request
+
+    @app.before_request
+    def _start():
+        g.serve_started = time.monotonic()
+        metrics.in_flight.inc()
+        g.serve_in_flight = True
+
+    @app.teardown_request
+    def _done(_error):
+        if g.pop("serve_in_flight", False):
+            metrics.in_flight.dec()
+
+    @app.after_request
+    def _observe(response):
+        # Labels from fixed sets only: the route's rule (or "<unmatched>"), a known method (or "other"),
+        # the status. A client that invents methods or paths adds no series.
+        rule, method, started = request.url_rule, request.method, g.get("serve_started")
+        metrics.request_answered(rule.rule if rule is not None else "<unmatched>", method if method in METHODS else "other",
+                                 response.status_code, None if started is None else time.monotonic() - started)
+        return response

@@ -34,7 +34,7 @@ from collections.abc import Mapping
 
 from google.protobuf import text_format
 
-from serve import published
+from serve.backends import published
 from tfs_protos.tensorflow_serving.config import model_server_config_pb2
 
 POLICIES = ("latest", "specific", "all")

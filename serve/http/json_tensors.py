@@ -21,6 +21,9 @@ import functools
 import numpy as np
 import orjson
 
+#: The largest array whose canonical text is kept between requests (a 64-image batch is 196,608 numbers: about
+#: 400 kB of text); larger ones are written again each time, so the cache holds at most a few MB.
+MAX_KEPT_NUMBERS = 1 << 18
 #: Longest integer the fast path reads (int64 holds 18 digits; the models take 0-255).
 MAX_DIGITS = 9
 _OPEN, _CLOSE, _COMMA, _ZERO, _NINE = ord("["), ord("]"), ord(","), ord("0"), ord("9")
@@ -100,7 +103,9 @@ def _integers(text):
     # Every number as one "0": the text must then be exactly the canonical text of its shape.
     skeleton = chars[~digit | starts].tobytes().translate(_NUMBERS_AS_ZERO)
     shape = _shape(skeleton)
-    if shape is None or skeleton != _canonical(shape):
+    # The shape read from the first rows must hold exactly the numbers the text holds before its canonical text
+    # is built: a ragged body of a few bytes may spell the first rows of a shape of billions.
+    if shape is None or _size(shape) != first.size or skeleton != _canonical(shape):
         return None
     values = leading.astype(np.int64)
     for j in range(1, longest):  # the models' pixels have at most three digits: three passes
@@ -127,12 +132,26 @@ def _shape(skeleton):
     return tuple(shape)
 
 
-@functools.lru_cache(maxsize=64)
+def _size(shape):
+    size = 1
+    for n in shape:
+        size *= n
+    return size
+
+
 def _canonical(shape):
+    """The JSON text of an array of zeros of ``shape``, written without spaces; the small ones are kept."""
+    return _canonical_kept(shape) if _size(shape) <= MAX_KEPT_NUMBERS else _canonical_text(shape)
+
+
+def _canonical_text(shape):
     text = b"[" + b",".join([b"0"] * shape[-1]) + b"]"
     for n in reversed(shape[:-1]):
         text = b"[" + b",".join([text] * n) + b"]"
     return text
+
+
+_canonical_kept = functools.lru_cache(maxsize=16)(_canonical_text)
 
 
 def _place(value, array):
