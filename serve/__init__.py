@@ -33,7 +33,7 @@ def create_app(config=None, backend=None, tracer_provider=None):
     from serve import backends, settings
     from serve.core.admission import Gate
     from serve.core.service import InferenceService
-    from serve.http import bodies, errors, health, security
+    from serve.http import bodies, errors, exchange, health, security
     from serve.http.health import VersionsServed
     from serve.protocols import api, tfserving_rest, v2_rest, web
     from serve.telemetry import logs, metrics, tracing
@@ -47,8 +47,7 @@ def create_app(config=None, backend=None, tracer_provider=None):
     app.config.from_mapping({k: v for k, v in (config or {}).items() if k not in settings.Settings.keys()})
     app.config["MAX_CONTENT_LENGTH"] = configured.max_upload_bytes
     app.extensions["serve.settings"] = configured
-    # First, so that every later hook, refusals included, runs with the request's id.
-    logs.init_app(app, configured.log_format)
+    logs.configure(configured.log_format)
     # Next, so that a request refused by a later hook is a span too (off unless OTEL_TRACES_EXPORTER says).
     tracing.init_app(app, configured, tracer_provider)
     # A body that cannot be read (JSON however deep, a broken chunked body) is a 400 on every route.
@@ -57,12 +56,11 @@ def create_app(config=None, backend=None, tracer_provider=None):
     app_metrics = metrics.Metrics(multiprocess=bool(configured.prometheus_multiproc_dir))
     app.extensions["serve.metrics"] = app_metrics
     app.extensions["serve.versions_served"] = VersionsServed(app_metrics)
-    metrics.init_app(app, app_metrics)
-    # The core's gate (keys, rate limits) as HTTP hooks, with the headers, CORS and proxies; before the model
-    # loads, so that an unreadable key file stops the start at once.
+    # The core's gate (keys, rate limits), the headers, CORS and proxies, and the exchange's hooks (the request's id,
+    # admission, metrics, headers, access line); before the model loads, so that an unreadable key file stops the start.
     gate = Gate(configured, app_metrics)
     app.extensions["serve.gate"] = gate
-    security.init_app(app, configured, gate)
+    exchange.init_app(app, security.init_app(app, configured, gate), app_metrics)
     errors.init_app(app, configured, web.render_error)
     if backend is None:
         backend = backends.from_settings(configured, app_metrics)

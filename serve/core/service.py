@@ -28,7 +28,6 @@ Typical usage (``create_app`` builds one per app)::
     answer.images[0].label
 """
 
-import contextlib
 import dataclasses
 import threading
 import time
@@ -152,8 +151,9 @@ class InferenceService:
         k = self.limits.top_k if request.top_k is None else request.top_k
         if k < 1:
             raise BadRequest(f"top_k must be at least 1, got {k}")
-        count = max((tensors.count_of(tensor) or 0 for tensor in inputs.values()), default=0)
-        with self._held(min(count, self.limits.max_images)):
+        count = min(max((tensors.count_of(tensor) or 0 for tensor in inputs.values()), default=0), self.limits.max_images)
+        self._hold(count)
+        try:
             arrays = {key: tensors.read(key, tensor, signature.inputs[key], self.limits, request.dtype_names)
                       for key, tensor in inputs.items()}
             if request.signature == SIGNATURE_BYTES and list(arrays) == [INPUT_BYTES]:
@@ -165,6 +165,8 @@ class InferenceService:
                 answered_by = info.version if version is None else version
                 if OUTPUT_PROBABILITIES in outputs:
                     self._observe(answered_by, outputs, len(np.asarray(outputs[OUTPUT_PROBABILITIES])))
+        finally:
+            self._release(count)
         return InferResponse(info, answered_by, _only(outputs, wanted), k)
 
     def _encoded(self, info, images, request, version, wanted, k, deadline, caller_binds):
@@ -248,8 +250,7 @@ class InferenceService:
         self._count_shed("timeout")
         return Shed(f"the model did not answer within {self.limits.timeout_s:g} s (SERVE_PREDICT_TIMEOUT_S)", "timeout")
 
-    @contextlib.contextmanager
-    def _held(self, count):
+    def _hold(self, count):
         """Hold ``count`` images of this worker's ``SERVE_MAX_QUEUE`` while the request is answered; shed it when full."""
         with self._counting:
             limit = self.limits.max_queue
@@ -259,12 +260,11 @@ class InferenceService:
                            f"{limit} (SERVE_MAX_QUEUE)", "queue_full")
             self._holding += count
             self._tell(self._holding)
-        try:
-            yield
-        finally:
-            with self._counting:
-                self._holding -= count
-                self._tell(self._holding)
+
+    def _release(self, count):
+        with self._counting:
+            self._holding -= count
+            self._tell(self._holding)
 
     @property
     def holding(self):

@@ -12,6 +12,7 @@ whichever door it came by, and nothing is allocated before the shape that sizes 
    fractions or strings where integers go, no 300 or -1 for a ``uint8`` (TF Serving refuses all of these).
 """
 
+import functools
 import struct
 
 import numpy as np
@@ -172,16 +173,23 @@ def _values(key, values, target, name):
         return array.astype(target)
     got = _KIND_NAMES.get(kind, "other values")
     if target.kind in "iu":
-        info = np.iinfo(target)
+        low, high = _bounds(target)
         if kind not in "iu":
-            raise BadRequest(f"input {echo(key)} must hold whole numbers {info.min}..{info.max} ({name(target)}), got {got}")
-        if array.min() < info.min or array.max() > info.max:
-            raise BadRequest(f"input {echo(key)} has values outside the {name(target)} range {info.min}..{info.max}")
+            raise BadRequest(f"input {echo(key)} must hold whole numbers {low}..{high} ({name(target)}), got {got}")
+        if not np.can_cast(array.dtype, target) and (array.min() < low or array.max() > high):
+            raise BadRequest(f"input {echo(key)} has values outside the {name(target)} range {low}..{high}")
     elif target.kind == "f" and kind not in "iuf":
         raise BadRequest(f"input {echo(key)} must hold numbers ({name(target)}), got {got}")
     elif target.kind == "b" and kind != "b":
         raise BadRequest(f"input {echo(key)} must hold booleans ({name(target)}), got {got}")
     return array.astype(target, copy=False)
+
+
+@functools.cache
+def _bounds(dtype):
+    """``(min, max)`` of an integer type."""
+    info = np.iinfo(dtype)
+    return int(info.min), int(info.max)
 
 
 def _holds_booleans(values):

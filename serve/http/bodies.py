@@ -33,6 +33,7 @@ import os
 import socket
 import time
 
+import numpy as np
 import orjson
 
 from flask import current_app, jsonify, request
@@ -58,7 +59,9 @@ class JSONProvider(DefaultJSONProvider):
     and ``Infinity``, which Python's ``json`` accepts and would echo into answers that JavaScript and
     Go clients cannot parse, a lone surrogate and nesting deeper than 1,024 levels are each a
     ``ValueError`` (``orjson.JSONDecodeError``), which Flask's ``get_json`` and :func:`request_json`
-    answer with a 400. A non-finite float in an answer is written as ``null``.
+    answer with a 400. A non-finite float in an answer is written as ``null``. NumPy arrays and scalars
+    in an answer are written by orjson itself (a float32 as its shortest decimal that reads back the same),
+    never turned into Python lists first.
     """
 
     sort_keys = False
@@ -73,11 +76,12 @@ class JSONProvider(DefaultJSONProvider):
             raise
 
     def dumps(self, obj, **kwargs):
-        return orjson.dumps(obj, default=_default).decode()
+        return orjson.dumps(obj, default=_default, option=orjson.OPT_SERIALIZE_NUMPY).decode()
 
     def response(self, *args, **kwargs):
         obj = self._prepare_response_obj(args, kwargs)
-        return self._app.response_class(orjson.dumps(obj, default=_default), mimetype=self.mimetype)
+        return self._app.response_class(orjson.dumps(obj, default=_default, option=orjson.OPT_SERIALIZE_NUMPY),
+                                        mimetype=self.mimetype)
 
 
 def _constant_at(doc, pos):
@@ -88,7 +92,10 @@ def _constant_at(doc, pos):
 
 
 def _default(value):
-    """What orjson does not write itself, as Flask's provider writes it (dates, decimals, ``__html__``)."""
+    """What orjson does not write itself, as Flask's provider writes it (dates, decimals, ``__html__``); an array orjson
+    cannot write as it is (not contiguous, or of objects) as its list."""
+    if isinstance(value, np.ndarray):
+        return value.tolist()
     return DefaultJSONProvider.default(value)
 
 
@@ -110,10 +117,9 @@ def init_app(app):
     app.json = JSONProvider(app)
     app.register_error_handler(RecursionError, _recursion_error)
     app.wsgi_app = _GuardedInputMiddleware(app.wsgi_app)
-    app.after_request(_drain_refused_body)
 
 
-def _drain_refused_body(response):
+def drain_refused_body(response):
     """Read what a refused request left of its body (up to DRAIN_LIMIT, within DRAIN_TIMEOUT_S), so keep-alive holds."""
     if response.status_code < 400:  # an answered request read its body: nothing to drain (and no header to parse)
         return response

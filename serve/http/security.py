@@ -38,11 +38,7 @@ PAGE_CSP = (
     "connect-src 'self'; form-action 'self'; frame-ancestors 'none'; base-uri 'none'"
 )
 OTHER_CSP = "default-src 'none'; frame-ancestors 'none'; base-uri 'none'"
-HEADERS = {
-    "X-Content-Type-Options": "nosniff",
-    "X-Frame-Options": "DENY",
-    "Referrer-Policy": "no-referrer",
-}
+HEADERS = (("X-Content-Type-Options", "nosniff"), ("X-Frame-Options", "DENY"), ("Referrer-Policy", "no-referrer"))
 # What a page on an allowed origin may send, and read from an answer besides the simple headers.
 CORS_ALLOWED = ["Authorization", "X-API-Key", "Content-Type", "Inference-Header-Content-Length", "X-Request-Timeout"]
 CORS_EXPOSED = ["Retry-After", "X-RateLimit-Limit", "X-RateLimit-Remaining", "X-RateLimit-Reset", "Inference-Header-Content-Length"]
@@ -86,47 +82,39 @@ class Security:
             for area, keys in gate.keys.items()
         }
 
-    def admit(self):
-        """before_request: the caller admitted to the path's area by the gate, or its refusal raised."""
-        if request.method == "OPTIONS":  # CORS preflights carry no credentials, and spend no budget, by the standard
+    def admit(self, area):
+        """The caller admitted to ``area`` (the request path's) by the gate, or its refusal raised."""
+        if request.method == "OPTIONS" or not self.gate.guarded(area):  # CORS preflights carry no credentials
             return
-        area = area_of(request.path)
-        if not self.gate.guarded(area):
-            return
-        g.serve_area = area
         admitted = self.gate.admit(Caller(presented_key(), request.remote_addr or "unknown"), area)
         g.serve_caller, g.serve_window = admitted.identity, admitted.window
 
-    def headers(self, response):
-        """after_request: the security, caching and rate-limit headers, on every answer (errors included)."""
+    def headers(self, response, area, static):
+        """The security, caching and rate-limit headers, on every answer (errors included); ``static``: a static file."""
         have = response.headers
-        # Which headers the answer has, read once: a werkzeug Headers lookup of a missing name raises
-        # (and builds) a BadRequestKeyError, and these are missing on nearly every answer.
-        present = {name.lower() for name in have.keys()}
-        if "content-security-policy" not in present:
-            have.add("Content-Security-Policy", PAGE_CSP if response.mimetype == "text/html" else OTHER_CSP)
-        for name, value in HEADERS.items():
-            if name.lower() not in present:
-                have.add(name, value)
+        html = have.get("Content-Type", "").startswith("text/html")
+        have.add("Content-Security-Policy", PAGE_CSP if html else OTHER_CSP)
+        for name, value in HEADERS:
+            have.add(name, value)
         # Every answer but a static file is made for this request and this caller: no cache, shared or
         # private, may keep it (a shared cache could hand a keyed GET such as /metrics to a caller
         # without the key). Answers that depend on request headers say which.
-        path = request.path
-        if not path.startswith(OPEN_PREFIXES):
-            have["Cache-Control"] = "no-store"
-        vary = self._vary[area_of(path)]
+        if not static:
+            have.add("Cache-Control", "no-store")
+        vary = self._vary[area]
         if vary:
             response.vary.update(vary)
         window = g.get("serve_window")
         if window is not None:
-            have["X-RateLimit-Limit"] = str(window.limit)
-            have["X-RateLimit-Remaining"] = str(window.remaining)
-            have["X-RateLimit-Reset"] = str(int(window.reset_at))
+            have.add("X-RateLimit-Limit", str(window.limit))
+            have.add("X-RateLimit-Remaining", str(window.remaining))
+            have.add("X-RateLimit-Reset", str(int(window.reset_at)))
         return response
 
 
 def init_app(app, settings, gate):
-    """Install the proxy fix, the gate's hook, the headers and the CORS that ``settings`` ask for."""
+    """The :class:`Security` of ``app`` (its hooks are :mod:`serve.http.exchange`'s), and the proxy fix and CORS that
+    ``settings`` ask for."""
     security = Security(settings, gate)
     app.extensions["serve.security"] = security
     if settings.trusted_proxies:
@@ -134,8 +122,6 @@ def init_app(app, settings, gate):
 
         n = settings.trusted_proxies
         app.wsgi_app = ProxyFix(app.wsgi_app, x_for=n, x_proto=n, x_host=n)
-    app.after_request(security.headers)
-    app.before_request(security.admit)
     if security.cors_origins:
         from flask_cors import CORS
 

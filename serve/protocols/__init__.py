@@ -28,6 +28,7 @@ from serve.core.request import InferRequest
 
 #: The HTTP request header with the caller's deadline, in seconds from its arrival (capped by SERVE_PREDICT_TIMEOUT_S).
 DEADLINE_HEADER = "X-Request-Timeout"
+_DEADLINE_ENVIRON = "HTTP_" + DEADLINE_HEADER.upper().replace("-", "_")
 
 
 def service():
@@ -42,12 +43,14 @@ def settings():
 
 def http_request(inputs, **fields):
     """An :class:`InferRequest` of ``inputs`` and ``fields``, with this HTTP request's id, caller and deadline."""
-    return InferRequest(inputs, deadline=_deadline(), id=g.get("request_id"), caller=g.get("serve_caller"), **fields)
+    state = g._get_current_object()
+    return InferRequest(inputs, deadline=_deadline(state), id=getattr(state, "request_id", None),
+                        caller=getattr(state, "serve_caller", None), **fields)
 
 
-def _deadline():
+def _deadline(state):
     """``X-Request-Timeout`` as a ``time.monotonic()`` deadline from the request's arrival; None without the header."""
-    value = request.headers.get(DEADLINE_HEADER)
+    value = request.environ.get(_DEADLINE_ENVIRON)
     if value is None:
         return None
     try:
@@ -56,4 +59,4 @@ def _deadline():
         seconds = math.nan
     if not (math.isfinite(seconds) and seconds > 0):
         raise BadRequest(f"{DEADLINE_HEADER} must be a positive number of seconds, got {echo(value)}")
-    return g.get("serve_started", time.monotonic()) + seconds
+    return (getattr(state, "serve_started", None) or time.monotonic()) + seconds

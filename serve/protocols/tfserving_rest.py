@@ -17,7 +17,7 @@ from werkzeug.routing import BaseConverter
 
 from contract import SIGNATURE_PIXELS, TFSERVING_REST_PREFIX
 from serve.core.errors import BadRequest, NotServed, ServeError
-from serve.core.request import Tensor, float32_list
+from serve.core.request import Tensor
 from serve.http import bodies
 from serve.protocols import http_request, service, tfserving
 
@@ -132,16 +132,15 @@ def _bytes_of(value, depth=0):
 
 
 def _jsonable(key, array):
-    """One output as TF Serving writes it: strings as text, or ``{"b64"}`` when the key ends in ``_bytes``."""
+    """One output as TF Serving writes it: strings as text, or ``{"b64"}`` when the key ends in ``_bytes``; numbers as
+    the array itself, which the JSON provider writes (a float32 as its shortest decimal)."""
     if array.dtype == object or array.dtype.kind in "SU":
         if key.endswith("_bytes"):
             leaf = lambda v: {"b64": base64.b64encode(v if isinstance(v, bytes) else str(v).encode()).decode()}  # noqa: E731
         else:
             leaf = lambda v: v.decode("utf-8", "replace") if isinstance(v, bytes) else str(v)  # noqa: E731
         return _map(array.tolist(), leaf)
-    if array.dtype == np.float32:
-        return float32_list(array)
-    return array.tolist()
+    return array
 
 
 def _map(value, fn):
@@ -150,7 +149,7 @@ def _map(value, fn):
 
 def _rows(outputs):
     """Row format: one entry per example; a dict of outputs, or the bare value for a single output."""
-    lengths = {len(v) if isinstance(v, list) else -1 for v in outputs.values()}
+    lengths = {len(v) if isinstance(v, list) or getattr(v, "ndim", 0) else -1 for v in outputs.values()}
     if len(lengths) != 1 or -1 in lengths:
         raise BadRequest("the outputs have different batch sizes; ask for the columnar format (\"inputs\")")
     (n,) = lengths

@@ -8,16 +8,16 @@ core decodes them as it decodes ``/api/v1/predict``'s uploads). It answers ``pro
 ``parameters.classification`` on ``probabilities`` is the classification extension (top k as strings).
 """
 
-import dataclasses
 import importlib.metadata
 import struct
+import typing
 
 import numpy as np
 
 from contract import (CHANNELS, IMAGE_SIZE, INPUT_BYTES, INPUT_PIXELS, OUTPUT_CLASS_IDS, OUTPUT_CLASS_NAMES, OUTPUT_IN_DISTRIBUTION,
                       OUTPUT_OOD_SCORE, OUTPUT_PROBABILITIES, SIGNATURE_BYTES, SIGNATURE_PIXELS)
 from serve.core.errors import BadRequest, echo
-from serve.core.request import BYTES, Tensor, float32_list
+from serve.core.request import BYTES, Tensor
 
 SERVER_NAME = "cifar-tpu-pipeline"
 #: What ``platform`` says: Triton's name for a SavedModel (TF Serving runs one too), else the runtime's own name.
@@ -34,13 +34,14 @@ INPUTS = {
     INPUT_BYTES: ("BYTES", [-1], SIGNATURE_BYTES),
 }
 _LITTLE_ENDIAN = {"FP32": "<f4", "INT64": "<i8", "BOOL": "|b1"}
+#: The numpy type of each output datatype (this machine's order: the binary extension writes little-endian).
+_NUMPY = {"FP32": np.dtype(np.float32), "INT64": np.dtype(np.int64), "BOOL": np.dtype(np.bool_), "BYTES": np.dtype(object)}
 #: The protocol's datatype of each output.
 OUTPUT_DATATYPES = {OUTPUT_PROBABILITIES: "FP32", OUTPUT_CLASS_IDS: "INT64", OUTPUT_CLASS_NAMES: "BYTES",
                     OUTPUT_OOD_SCORE: "FP32", OUTPUT_IN_DISTRIBUTION: "BOOL"}
 
 
-@dataclasses.dataclass(frozen=True)
-class Wanted:
+class Wanted(typing.NamedTuple):
     """An output a request asks for, and how: as binary data (HTTP), or ranked to its top ``classification``."""
 
     name: str
@@ -118,8 +119,8 @@ def answer_tensors(answer, wanted):
             continue
         datatype = OUTPUT_DATATYPES[want.name]
         array = answer.outputs[want.name]
-        array = np.asarray(array, dtype=object) if datatype == "BYTES" else np.asarray(array, _LITTLE_ENDIAN[datatype])
-        tensors.append((want.name, datatype, array))
+        kind = _NUMPY[datatype]
+        tensors.append((want.name, datatype, array if array.dtype == kind else np.asarray(array, kind)))
     return tensors
 
 
@@ -130,11 +131,10 @@ def classification(ranked):
 
 
 def to_json(datatype, array):
-    if datatype == "FP32":
-        return float32_list(array.ravel())
+    """A tensor's ``data`` in JSON, flat: text for BYTES, else the array itself (the JSON provider writes it)."""
     if datatype == "BYTES":
         return [v.decode("utf-8", "replace") if isinstance(v, bytes) else str(v) for v in array.ravel().tolist()]
-    return array.ravel().tolist()
+    return array.ravel()  # written by the JSON provider (a copy only if it is not contiguous)
 
 
 def to_binary(datatype, array):

@@ -10,7 +10,6 @@ packed bytes), checked by the core. What is shared with gRPC is in :mod:`serve.p
 
 import base64
 import binascii
-import json
 import zlib
 
 from flask import Blueprint, Response, current_app, jsonify, request
@@ -24,6 +23,7 @@ bp = Blueprint("v2", __name__, url_prefix=V2_PREFIX)
 
 #: The binary tensor data extension's header: how many leading body bytes are the JSON.
 HEADER_LENGTH = "Inference-Header-Content-Length"
+_HEADER_LENGTH_ENVIRON = "HTTP_" + HEADER_LENGTH.upper().replace("-", "_")
 EXTENSIONS = ("binary_tensor_data", "classification")
 
 
@@ -89,14 +89,15 @@ def infer(name, version=None):
         response["outputs"].append(entry)
     if not blobs:
         return jsonify(response)
-    header = json.dumps(response, separators=(",", ":")).encode()
+    header = current_app.json.dumps(response).encode()
     return Response(b"".join([header, *blobs]), mimetype="application/octet-stream", headers={HEADER_LENGTH: str(len(header))})
 
 
 def _read_body():
     """``(JSON header, binary tail)``: the whole body is JSON unless ``Inference-Header-Content-Length`` splits it."""
-    body = _decompressed(request.get_data(cache=False), request.headers.get("Content-Encoding"))
-    header_length = request.headers.get(HEADER_LENGTH)
+    environ = request.environ
+    body = _decompressed(request.get_data(cache=False), environ.get("HTTP_CONTENT_ENCODING"))
+    header_length = environ.get(_HEADER_LENGTH_ENVIRON)
     if header_length is None:
         header, tail = body, b""
     else:

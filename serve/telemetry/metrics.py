@@ -1,8 +1,6 @@
 """Prometheus metrics. Under gunicorn with several workers, prometheus-client's multiprocess
 mode (``PROMETHEUS_MULTIPROC_DIR``, set by :mod:`serve.gunicorn_conf`) adds up every worker."""
 
-import time
-
 import numpy as np
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
@@ -124,15 +122,19 @@ class Metrics:
         return self.latency.labels(route, method), self.requests.labels(route, method, str(status))
 
     def answers(self, version, outputs):
-        """Observe one model call's answers: every image's top probability, score and verdict."""
+        """Observe one model call's answers (numpy arrays, as backends answer): every image's top probability, score
+        and verdict."""
         top, score, foreign_count = self._answer_children[version]  # a server answers with a few versions
-        for p in np.asarray(outputs[OUTPUT_PROBABILITIES]).max(axis=1).tolist():
+        probabilities = outputs[OUTPUT_PROBABILITIES]
+        for p in probabilities.max(axis=1).tolist():
             top.observe(p)
-        if OUTPUT_OOD_SCORE in outputs:
-            for value in np.asarray(outputs[OUTPUT_OOD_SCORE]).tolist():
+        scores = outputs.get(OUTPUT_OOD_SCORE)
+        if scores is not None:
+            for value in scores.tolist():
                 score.observe(value)
-        if OUTPUT_IN_DISTRIBUTION in outputs:
-            foreign = int((~np.asarray(outputs[OUTPUT_IN_DISTRIBUTION], bool)).sum())
+        inside = outputs.get(OUTPUT_IN_DISTRIBUTION)
+        if inside is not None:
+            foreign = len(inside) - np.count_nonzero(inside)
             if foreign:
                 foreign_count.inc(foreign)
 
@@ -180,28 +182,3 @@ class Metrics:
         else:
             registry = self._registry
         return generate_latest(registry), CONTENT_TYPE_LATEST
-
-
-def init_app(app, metrics):
-    """Time, count and gauge every HTTP request of ``app`` by route, method and status (``g.serve_started``: its arrival)."""
-    from flask import g, request
-
-    @app.before_request
-    def _start():
-        g.serve_started = time.monotonic()
-        metrics.in_flight.inc()
-        g.serve_in_flight = True
-
-    @app.teardown_request
-    def _done(_error):
-        if g.pop("serve_in_flight", False):
-            metrics.in_flight.dec()
-
-    @app.after_request
-    def _observe(response):
-        # Labels from fixed sets only: the route's rule (or "<unmatched>"), a known method (or "other"),
-        # the status. A client that invents methods or paths adds no series.
-        rule, method, started = request.url_rule, request.method, g.get("serve_started")
-        metrics.request_answered(rule.rule if rule is not None else "<unmatched>", method if method in METHODS else "other",
-                                 response.status_code, None if started is None else time.monotonic() - started)
-        return response

@@ -54,18 +54,12 @@ def init_app(app, settings, provider=None):
     global _tracer
     if settings.traces_exporter == "none":
         return None
-    from flask import g
     from opentelemetry.instrumentation.flask import FlaskInstrumentor
 
     provider = provider or process_provider(settings)
     _tracer = provider.get_tracer(TRACER_NAME)
     FlaskInstrumentor.instrument_app(app, tracer_provider=provider, excluded_urls=EXCLUDED_URLS)
     app.extensions["serve.tracer_provider"] = provider
-
-    @app.before_request
-    def _tag():  # after the request-id hook and the instrumentation's own, which opens the span
-        tag(g.get("request_id"))
-
     return provider
 
 
