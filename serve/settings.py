@@ -38,6 +38,7 @@ DEFAULT_MAX_QUEUE = 1024  # images waiting for the model in one worker
 DEFAULT_PREDICT_TIMEOUT_S = 30.0
 DEFAULT_GRPC_PORT = 8500  # TF Serving's gRPC port
 BACKENDS = ("local", "tfserving-rest", "tfserving-grpc")
+SERVERS = ("gunicorn", "granian")
 RUNTIMES = SERVING_RUNTIMES
 LOG_LEVELS = ("debug", "info", "warning", "error", "critical")
 LOG_FORMATS = ("json", "text")
@@ -221,7 +222,8 @@ class Settings:
     rate_limit_store: str = _var("SERVE_RATE_LIMIT_STORE", _rate_limit_store, DEFAULT_RATE_LIMIT_STORE)
     cors_origins: str = _var("SERVE_CORS_ORIGINS", _origins, "")
     trusted_proxies: int = _var("SERVE_TRUSTED_PROXIES", _integer(0, 16), 0)
-    # gunicorn (serve/gunicorn_conf.py) and the worker processes.
+    # The HTTP server (gunicorn: serve/gunicorn_conf.py; granian: serve/granian_conf.py) and its worker processes.
+    server: str = _var("SERVE_SERVER", _choice(*SERVERS), "gunicorn")
     host: str = _var("HOST", _text, "0.0.0.0")  # nosec B104  # the container's default; HOST narrows it
     port: int = _var("PORT", _integer(1, 65535), 8000)
     grpc_port: int = _var("GRPC_PORT", _integer(0, 65535), DEFAULT_GRPC_PORT)  # 0: no gRPC
