@@ -110,7 +110,8 @@ class InferenceService:
             return info
         number = _version_number(version)
         if number is None or number not in info.versions:
-            raise NotServed(f"model {self.model_name!r} has no version {echo(version)} "
+            shown = version if isinstance(version, int) else echo(version)
+            raise NotServed(f"model {self.model_name!r} has no version {shown} "
                             f"(available: {', '.join(str(v) for v in info.versions)})", name=name or self.model_name,
                             version=version, versions=info.versions)
         return info if number == info.version else self.backend.info(number)

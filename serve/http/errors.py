@@ -12,6 +12,7 @@ from werkzeug.exceptions import HTTPException
 
 from serve.core.errors import RateLimited, ServeError, Unauthenticated
 from serve.http.security import area_of
+from serve.telemetry.logs import printable
 
 REALM = "serve"
 HOW_TO_SEND_A_KEY = "send 'Authorization: Bearer KEY' or 'X-API-Key: KEY'"
@@ -67,7 +68,7 @@ def init_app(app, settings, page):
             if e.code == 413:
                 description = f"the request is larger than the {settings.max_upload_mb:g} MiB limit"
             elif e.code == 404:
-                description = f"no route {request.path}"
+                description = f"no route {printable(request.path)}"
             return jsonify(error=description), e.code
         if e.code == 413:
             return page(f"The upload is larger than the {settings.max_upload_mb:g} MiB limit.", 413)

@@ -87,7 +87,7 @@ def _integers(text):
     text = bytes(text)
     compact = text.translate(None, _WHITE) if any(white in text for white in _WHITE) else text
     delimiters = compact.translate(None, _DIGITS)  # any other byte stays, and then differs from the canonical text
-    shape = _shape(delimiters)
+    shape = _shape(delimiters)  # None, or a shape whose canonical text is exactly as long as these delimiters
     if shape is None or delimiters != _canonical(shape):
         return None
     chars = np.frombuffer(compact, np.uint8)
@@ -131,7 +131,9 @@ def _shape(delimiters):
 
     In the canonical text, the first block of depth k (1: an innermost row) ends where ``k`` closing brackets first
     follow one another; it is ``n + 1`` characters for ``n`` numbers at depth 1, and ``2 + n * L + (n - 1)`` for ``n``
-    blocks of ``L`` characters deeper down. Only the canonical comparison that follows proves the text has that shape.
+    blocks of ``L`` characters deeper down; the whole text is the first (and only) block of depth ``rank``, so the shape
+    is refused unless its length is the text's, before any canonical text is built. Only the canonical comparison that
+    follows proves the text has that shape.
     """
     rank = len(delimiters) - len(delimiters.lstrip(b"["))
     if rank == 0 or rank > MAX_RANK:
@@ -147,6 +149,8 @@ def _shape(delimiters):
             return None
         shape.append(n)
         block = length
+    if block != len(delimiters):  # a ragged text can spell a huge shape in its first blocks: never build its text
+        return None
     shape.reverse()
     return tuple(shape)
 

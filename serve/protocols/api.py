@@ -1,4 +1,8 @@
-"""``/api/v1``: the JSON API (predict, model info): uploads in, each image's answer out."""
+"""``/api/v1``: the JSON API (predict, model info): uploads in, each image's answer out.
+
+``POST /api/v1/predict`` takes files (multipart) or ``{"instances": [{"b64": ...}]}``, and in its query ``top_k``,
+and ``version`` or ``label`` to ask a version other than the newest (as TF Serving's URLs do).
+"""
 
 import base64
 import binascii
@@ -51,16 +55,19 @@ def parse_top_k(value):
         raise BadRequest(f"top_k must be a whole number, got {echo(value)}") from None
 
 
-def classify(images, top_k):
-    """The core's answer to ``images`` (a list of :class:`Upload`), each image answered on its own."""
+def classify(images, top_k, version=None, label=None):
+    """The core's answer to ``images`` (a list of :class:`Upload`), each image answered on its own, by ``version`` or
+    ``label`` (neither: the newest)."""
     return service().infer(http_request({INPUT_BYTES: Tensor(images)}, signature=SIGNATURE_BYTES, top_k=top_k,
-                                        per_image=True))
+                                        per_image=True, version=version, label=label))
 
 
 @bp.post("/predict")
 def predict():
     images, form_top_k = uploads()
-    answer = classify(images, parse_top_k(request.args.get("top_k") or form_top_k))
+    args = request.args
+    answer = classify(images, parse_top_k(args.get("top_k") or form_top_k), args.get("version") or None,
+                      args.get("label") or None)
     body = {"model": {"name": answer.model.name, "version": answer.version, "architecture": answer.model.architecture},
             "predictions": [image.public() for image in answer.images]}
     if answer.all_refused:

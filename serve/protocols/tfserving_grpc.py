@@ -76,11 +76,7 @@ class PredictionService(prediction_service_pb2_grpc.PredictionServiceServicer):
         inputs = {key: tensor(key, proto) for key, proto in request.inputs.items()}
         answer = self.service.infer(grpc_request(context, inputs, model_name=name, version=version, label=label,
                                                  signature=signature, outputs=tuple(request.output_filter) or None))
-        response = predict_pb2.PredictResponse()
-        _spec(response.model_spec, name, answer.version, signature)
-        for key in request.output_filter or sorted(answer.outputs):
-            response.outputs[key].CopyFrom(tensors.to_proto(np.asarray(answer.outputs[key])))
-        return response
+        return predict_response(answer, name, signature)
 
     @tf_edge
     def Classify(self, request, context):
@@ -160,6 +156,15 @@ class ModelService(model_service_pb2_grpc.ModelServiceServicer):
     def HandleReloadConfigRequest(self, request, context):
         raise Failure(grpc.StatusCode.UNIMPLEMENTED, "this server reads its model config from SERVE_MODEL_CONFIG_FILE, "
                       "again whenever it changes; edit that file instead")
+
+
+def predict_response(answer, name, signature):
+    """The ``PredictResponse`` of an answer: its outputs (those asked for, when some were) as ``TensorProto`` s."""
+    response = predict_pb2.PredictResponse()
+    _spec(response.model_spec, name, answer.version, signature)
+    for key in answer.outputs:
+        response.outputs[key].CopyFrom(tensors.to_proto(np.asarray(answer.outputs[key])))
+    return response
 
 
 def add_to_server(server, service):

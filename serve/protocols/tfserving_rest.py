@@ -68,24 +68,22 @@ def metadata(name, version=None, label=None):
 @bp.post("/<model:name>/labels/<model:label>:predict")
 def predict(name, version=None, label=None):
     try:
-        body, rows, inputs = _request()
+        body = bodies.request_json(tensor=("instances", "inputs"))  # a batch of pixels straight into NumPy
+        rows, signature, inputs = decode(body, b64=b'"b64"' in request.get_data(cache=True))
     except ServeError:
         service().model(name, version, label)  # a model, version or label it does not serve is a 404, whatever the body
         raise
-    signature = body.get("signature_name") or SIGNATURE_PIXELS
     answer = service().infer(http_request(inputs, model_name=name, version=version, label=label, signature=signature))
-    outputs = {key: _jsonable(key, np.asarray(value)) for key, value in answer.outputs.items()}
-    if rows:
-        return jsonify(predictions=_rows(outputs))
-    return jsonify(outputs=outputs if len(outputs) > 1 else next(iter(outputs.values())))
+    return jsonify(encode(answer.outputs, rows))
 
 
-def _request():
-    """``(body, row format, {input key: Tensor})`` of a predict request (key None: the signature's one input)."""
-    body = bodies.request_json(tensor=("instances", "inputs"))  # a batch of pixels straight into NumPy
+def decode(body, b64=True):
+    """``(row format, signature name, {input key: Tensor})`` of a predict body, parsed (key None: the signature's one
+    input, unnamed). ``b64``: whether ``{"b64": ...}`` values may be in it (False: none were in its text)."""
     if not isinstance(body, dict):
         raise BadRequest("the body must be a JSON object")
-    if not isinstance(body.get("signature_name") or SIGNATURE_PIXELS, str):
+    signature = body.get("signature_name") or SIGNATURE_PIXELS
+    if not isinstance(signature, str):
         raise BadRequest("signature_name must be a string")
     rows = "instances" in body
     if rows == ("inputs" in body):
@@ -93,8 +91,15 @@ def _request():
     named = _named(body["instances"] if rows else body["inputs"], rows)
     if named is None:  # one tensor, unnamed: the signature's one input, as TF Serving reads it
         named = {None: body["instances"] if rows else body["inputs"]}
-    b64 = b'"b64"' in request.get_data(cache=True)  # no {"b64": ...} anywhere: nothing to look for
-    return body, rows, {key: Tensor(_bytes_of(value) if b64 else value) for key, value in named.items()}
+    return rows, signature, {key: Tensor(_bytes_of(value) if b64 else value) for key, value in named.items()}
+
+
+def encode(outputs, rows):
+    """A predict answer's body: ``{"predictions": [...]}`` a row each, or ``{"outputs": ...}`` by output."""
+    outputs = {key: _jsonable(key, np.asarray(value)) for key, value in outputs.items()}
+    if rows:
+        return {"predictions": _rows(outputs)}
+    return {"outputs": outputs if len(outputs) > 1 else next(iter(outputs.values()))}
 
 
 def _is_b64(value):

@@ -69,17 +69,27 @@ class GRPCInferenceService(grpc_predict_v2_pb2_grpc.GRPCInferenceServiceServicer
 
     @edge()
     def ModelInfer(self, request, context):
-        inputs = _inputs(request)
-        wanted = v2.wanted_outputs([(output.name, _parameters(output.parameters)) for output in request.outputs], True)
+        inputs, wanted = decode(request)
         answer = self.service.infer(grpc_request(context, inputs, model_name=request.model_name,
                                                  version=request.model_version or None, signature=v2.signature_of(inputs),
                                                  outputs=v2.names(wanted), dtype_names=v2.NAMES))
-        response = pb.ModelInferResponse(model_name=request.model_name, id=request.id,
-                                         model_version="" if answer.version is None else str(answer.version))
-        for output, datatype, array in v2.answer_tensors(answer, wanted or v2.every_output(answer, True)):
-            response.outputs.add(name=output, datatype=datatype, shape=list(array.shape))
-            response.raw_output_contents.append(v2.to_binary(datatype, array))
-        return response
+        return encode(answer, wanted, request)
+
+
+def decode(request):
+    """``({name: Tensor}, [Wanted])`` of a ``ModelInferRequest``."""
+    return _inputs(request), v2.wanted_outputs([(output.name, _parameters(output.parameters)) for output in request.outputs],
+                                               True)
+
+
+def encode(answer, wanted, request):
+    """The ``ModelInferResponse`` to ``request``: every output asked for (all, when none is) in ``raw_output_contents``."""
+    response = pb.ModelInferResponse(model_name=request.model_name, id=request.id,
+                                     model_version="" if answer.version is None else str(answer.version))
+    for output, datatype, array in v2.answer_tensors(answer, wanted or v2.every_output(answer, True)):
+        response.outputs.add(name=output, datatype=datatype, shape=list(array.shape))
+        response.raw_output_contents.append(v2.to_binary(datatype, array))
+    return response
 
 
 def _inputs(request):

@@ -62,21 +62,33 @@ def model_metadata(name, version=None):
 def infer(name, version=None):
     try:
         payload, tail = _read_body()
-        inputs = _inputs(payload, tail)
-        parameters = v2.check_parameters("the request", payload.get("parameters") or {})
-        binary = parameters.get("binary_data_output", False)
-        if not isinstance(binary, bool):
-            raise BadRequest("binary_data_output must be true or false")
-        wanted = v2.wanted_outputs(_requested(payload), binary)
+        inputs, wanted, binary = decode(payload, tail)
     except ServeError:
         service().model(name, version)  # a model or version it does not serve is a 404, whatever the body
         raise
     answer = service().infer(http_request(inputs, model_name=name, version=version, signature=v2.signature_of(inputs),
                                           outputs=v2.names(wanted), dtype_names=v2.NAMES))
-    wanted = wanted or v2.every_output(answer, binary)
-    response = {"model_name": name, "model_version": str(answer.version), "outputs": []}
-    if "id" in payload:
-        response["id"] = payload["id"]
+    echoed = {"id": payload["id"]} if "id" in payload else {}
+    header, blobs = encode(answer, wanted or v2.every_output(answer, binary), name, echoed)
+    if not blobs:
+        return jsonify(header)
+    header = current_app.json.dumps(header).encode()
+    return Response(b"".join([header, *blobs]), mimetype="application/octet-stream", headers={HEADER_LENGTH: str(len(header))})
+
+
+def decode(payload, tail=b""):
+    """``({name: Tensor}, [Wanted], binary by default)`` of an inference request: its JSON and its binary tail."""
+    inputs = _inputs(payload, tail)
+    binary = v2.check_parameters("the request", payload.get("parameters") or {}).get("binary_data_output", False)
+    if not isinstance(binary, bool):
+        raise BadRequest("binary_data_output must be true or false")
+    return inputs, v2.wanted_outputs(_requested(payload), binary), binary
+
+
+def encode(answer, wanted, name, echoed=None):
+    """``(JSON header, [binary tails])`` of an inference answer: each output asked for, as JSON data or binary data;
+    ``echoed``: the request's fields the answer repeats (its ``id``)."""
+    header = {"model_name": name, "model_version": str(answer.version), "outputs": [], **(echoed or {})}
     blobs = []
     for want, (output, datatype, array) in zip(wanted, v2.answer_tensors(answer, wanted)):
         entry = {"name": output, "datatype": datatype, "shape": list(array.shape)}
@@ -86,11 +98,8 @@ def infer(name, version=None):
             blobs.append(blob)
         else:
             entry["data"] = v2.to_json(datatype, array)
-        response["outputs"].append(entry)
-    if not blobs:
-        return jsonify(response)
-    header = current_app.json.dumps(response).encode()
-    return Response(b"".join([header, *blobs]), mimetype="application/octet-stream", headers={HEADER_LENGTH: str(len(header))})
+        header["outputs"].append(entry)
+    return header, blobs
 
 
 def _read_body():

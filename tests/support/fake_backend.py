@@ -19,6 +19,7 @@ after setting ``entered``), ``not_ready`` (``ready()`` answers 503, as before a 
 
 import dataclasses
 import threading
+import time
 
 import numpy as np
 
@@ -29,7 +30,7 @@ from contract import (CHANNELS, IMAGE_SIZE, INPUT_BYTES, INPUT_PIXELS, OUTPUT_CL
 from contract import manifest as manifests
 from contract import published as publications
 from contract.recipe import Recipe
-from serve.core.errors import BadRequest, NotServed, Unavailable
+from serve.core.errors import BadRequest, NotServed, Shed, Unavailable
 from serve.core.model import ModelInfo, Prediction, readiness_images
 
 SCALE = 8.0
@@ -114,7 +115,7 @@ def _tensor_info(info, tensor, name):
 
 def logits(images, version=1, num_classes=len(synthetic.CLASS_NAMES)):
     """The fake model's logits for uint8 ``[N, 32, 32, 3]`` pixels, float64 ``[N, num_classes]``."""
-    means = np.asarray(images, np.float64).reshape(len(images), -1, CHANNELS).mean(axis=1) / 255.0
+    means = np.asarray(images, np.float64).reshape(len(images), IMAGE_SIZE * IMAGE_SIZE, CHANNELS).mean(axis=1) / 255.0
     z = SCALE * means[:, [c % CHANNELS for c in range(num_classes)]]
     z[:, (version - 1) % num_classes] += version - 1
     return z
@@ -182,7 +183,7 @@ class FakeBackend:
         images = np.asarray(images, np.uint8)
         with self._lock:
             self.calls.append((SIGNATURE_PIXELS, number, len(images)))
-        self._fault()
+        self._fault(deadline)
         manifest = self.manifests[number]
         if manifest is None:
             outputs = expected(images, number, [f"class_{c}" for c in range(len(synthetic.CLASS_NAMES))], threshold=None)
@@ -214,10 +215,12 @@ class FakeBackend:
                             versions=self.versions)
         return number
 
-    def _fault(self):
+    def _fault(self, deadline=None):
         if self.hold is not None:
             self.entered.set()
-            self.hold.wait()
+            # As the local backend's batcher does: a call waits for the model until its deadline, then gives up.
+            if not self.hold.wait(None if deadline is None else max(0.0, deadline - time.monotonic())):
+                raise Shed("the model did not answer by the request's deadline", "timeout")
         if self.raises is not None:
             raise self.raises
 
