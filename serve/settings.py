@@ -47,7 +47,7 @@ TRACES_EXPORTERS = ("otlp", "console", "none")
 #: The OTLP transports the server ships an exporter for (opentelemetry-exporter-otlp-proto-http).
 OTLP_PROTOCOLS = ("http/protobuf",)
 DEFAULT_RATE_LIMIT_STORE = "memory://"
-#: The storage schemes Flask-Limiter's ``limits`` package accepts.
+#: The storage schemes the ``limits`` package accepts.
 RATE_LIMIT_STORES = ("memory", "redis", "rediss", "redis+unix", "redis+sentinel", "redis+cluster", "memcached", "mongodb", "valkey")
 TRUE_WORDS = ("1", "true", "yes", "on")
 FALSE_WORDS = ("0", "false", "no", "off")
