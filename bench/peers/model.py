@@ -1,4 +1,4 @@
-"""The model every server of bench/peers.py serves, and the images every request carries.
+"""The model every server of bench/peers serves, and the images every request carries.
 
 Weights do not change a model's speed, so the benchmark trains its architecture (``seed_cnn``, light, so the
 request path dominates; or the main job's default, ``airbench_muon``, whose six test-time views make it many times

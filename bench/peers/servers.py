@@ -1,4 +1,4 @@
-"""bench/serving_peers.py's servers: how each starts, which routes it answers, its pinned virtual environment.
+"""bench/peers' servers: how each starts, which routes it answers, its pinned virtual environment.
 
 This project and the hello-world floor run from the project's own environment (the Python that
 runs the benchmark); each peer runs from ``bench/peers/.venvs/NAME/``, made on first use from
@@ -7,10 +7,10 @@ runs the benchmark); each peer runs from ``bench/peers/.venvs/NAME/``, made on f
 
 import hashlib
 import os
-import signal
 import subprocess
 import sys
-import time
+
+from bench import harness
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
@@ -79,11 +79,9 @@ def command(name, model_dir, port, grpc_port):
     """(argv, extra environment) that start ``name`` on 127.0.0.1:``port``, its settings as its docs give them."""
     if name == THIS:
         # Its defaults: gunicorn, 2 workers x 16 threads, LiteRT float; its gRPC server on (on a free port).
-        return [sys.executable, "-m", "serve", "--model-dir", model_dir, "--host", "127.0.0.1", "--port", str(port),
-                "--grpc-port", str(grpc_port)], {}
+        return harness.serve_argv(model_dir, port, grpc_port), {}
     if name == FLOOR:
-        argv = [sys.executable, "-m", "gunicorn", "-c", "python:serve.gunicorn_conf", "bench.hello_app:create_app()"]
-        return argv, {"HOST": "127.0.0.1", "PORT": str(port), "GRPC_PORT": "0", "MALLOC_ARENA_MAX": "2"}
+        return harness.floor_argv(), {"HOST": "127.0.0.1", "PORT": str(port), "GRPC_PORT": "0", "MALLOC_ARENA_MAX": "2"}
     python = venv_python(name)
     if name == "kserve":
         return [python, os.path.join(HERE, "kserve_server.py"), "--model-dir", model_dir, "--http_port", str(port),
@@ -95,45 +93,3 @@ def command(name, model_dir, port, grpc_port):
     if name == "litserve":
         return [python, os.path.join(HERE, "litserve_server.py"), "--model-dir", model_dir, "--port", str(port)], {}
     raise ValueError(name)
-
-
-def tree_rss_mb(pid):
-    """Resident memory of ``pid`` and all its descendants, MB (a layout-independent figure: workers, arbiters, queues)."""
-    total, stack = 0.0, [pid]
-    while stack:
-        p = stack.pop()
-        try:
-            with open(f"/proc/{p}/status") as f:
-                total += next(int(line.split()[1]) for line in f if line.startswith("VmRSS:")) / 1024
-            for task in os.listdir(f"/proc/{p}/task"):
-                with open(f"/proc/{p}/task/{task}/children") as f:
-                    stack.extend(int(c) for c in f.read().split())
-        except (OSError, StopIteration):
-            pass
-    return total
-
-
-class Server:
-    """A server in its own process group; ``stop`` ends the whole group, the stray workers of a master that exited first included."""
-
-    def __init__(self, argv, env, log_path):
-        self.log = open(log_path, "ab")
-        self.proc = subprocess.Popen(argv, cwd=ROOT, env=env, stdout=self.log, stderr=subprocess.STDOUT, start_new_session=True)
-
-    def _group_alive(self):
-        try:
-            os.killpg(self.proc.pid, 0)
-            return True
-        except ProcessLookupError:
-            return False
-
-    def stop(self, grace_s=30):
-        if self._group_alive():
-            os.killpg(self.proc.pid, signal.SIGTERM)
-        deadline = time.monotonic() + grace_s
-        while time.monotonic() < deadline and (self.proc.poll() is None or self._group_alive()):
-            time.sleep(0.2)
-        if self._group_alive():  # a worker that outlived its master (LitServe's do, on SIGTERM)
-            os.killpg(self.proc.pid, signal.SIGKILL)
-        self.proc.wait()
-        self.log.close()

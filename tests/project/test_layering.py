@@ -175,7 +175,7 @@ def test_no_test_module_imports_another():
 
 
 def test_the_tests_are_arranged_by_stage():
-    stages = {"train", "export", "serve", "client", "deploy", "project"}
+    stages = {"train", "export", "serve", "client", "deploy", "bench", "project"}
     flat = sorted(p.name for p in (ROOT / "tests").glob("test_*.py"))
     assert not flat, f"tests outside a stage folder: {flat}"
     assert {p.parent.name for p in (ROOT / "tests").rglob("test_*.py")} <= stages

@@ -1,0 +1,129 @@
+"""This project's server against the servers a user would pick instead, on the same model and requests.
+
+Typical usage::
+
+    python -m bench.peers                                 # every server, 10 s a cell
+    python -m bench.peers --only this,kserve --duration 5
+    python -m bench.peers --model-dir models/cifar10      # a real trained export
+    python -m bench.peers --json bench/records/serving-peers-NAME.json
+
+Servers, one after another, each alone on the machine: this project (``python -m serve``, its
+defaults: gunicorn, 2 workers x 16 threads, LiteRT float, its gRPC server on), KServe's
+``ModelServer`` (``--workers 2``), BentoML (``workers=2``, adaptive batching), LitServe
+(``workers_per_device=2``, batching up to 32 requests in 5 ms) and the hello-world floor
+(bench/serving/hello_app.py under this project's gunicorn configuration). Each peer runs from its own
+virtual environment of exact pins (bench/peers/requirements-*.txt, made under bench/peers/.venvs/
+on first use) and serves the same ``model.tflite`` with LiteRT's interpreter
+(bench/peers/litert_model.py, as many threads as cores, as this project does).
+
+Requests (bench/peers/load.py): JSON ``instances`` (ints 0-255, [N, 32, 32, 3]) on each server's
+route for it, multipart PNG uploads where the server takes files, v2 JSON where it speaks the
+Open Inference Protocol; 1 image at c=1 and c=32, 64 images a request at c=2; wrk with the
+latency record (exact p50/p99), non-2xx answers, socket errors and timeouts counted. Before each
+cell, one request from Python is checked against this project's LiteRT runtime run in-process on
+the same images (top class of every image, probabilities within 1e-4 where the answer has them).
+Without ``--model-dir``, a seed_cnn trained for one epoch on synthetic images is made and cached
+(bench/peers/model.py): weights do not change the speed.
+
+Prints one markdown table (server x cell); ``--json`` writes the record.
+"""
+
+import argparse
+import json
+import os
+import sys
+import tempfile
+
+from bench import harness, record
+from bench.peers import load, servers
+from bench.peers.model import ensure_model, png, request_images, version_dir
+
+
+def reference(model_dir, images):
+    """This project's answer for ``images``: its LiteRT runtime, in this process."""
+    from serve.backends import runtimes
+
+    return runtimes.load("litert", version_dir(model_dir)).pixels(images)["probabilities"]
+
+
+def serve_round(name, model_dir, bodies, expected, args, logdir):
+    port, grpc_port = harness.free_port(), harness.free_port()
+    argv, env = servers.command(name, model_dir, port, grpc_port)
+    server = harness.Server(argv, env, os.path.join(logdir, f"{name.replace(' ', '-')}.log"))
+    base = f"http://127.0.0.1:{port}"
+    routes = servers.ROUTES[name]
+    cells = [c for c in load.CELLS if c.kind in routes and (name != servers.FLOOR or c.key in servers.FLOOR_CELLS)]
+    result = {"cells": {}, "load_average": os.getloadavg()[0]}
+    try:
+        path, content_type = bodies[("json", 1)]
+        with open(path, "rb") as f:
+            server.wait_ready(base + routes["json"], f.read(), content_type)
+        for cell in cells:
+            path, content_type = bodies[(cell.kind, cell.images)]
+            url = base + routes[cell.kind]
+            row = {}
+            if name != servers.FLOOR:
+                with open(path, "rb") as f:
+                    status, answer = harness.post(url, f.read(), content_type)
+                row["wrong"] = load.check_answer(json.loads(answer), expected[: cell.images])
+            if args.warmup:
+                harness.run_wrk(url, path, content_type, cell.threads, cell.connections, args.warmup)
+            row.update(harness.run_wrk(url, path, content_type, cell.threads, cell.connections, args.duration))
+            result["cells"][cell.key] = row
+            print(f"  {name}: {cell.label}: {load.format_cell(cell, row)}", flush=True)
+        result["rss_mb"] = harness.tree_rss_mb(server.proc.pid)
+    except Exception as e:  # report the server that failed and go on with the others
+        result["failed"] = f"{type(e).__name__}: {e}"
+        print(f"  {name} failed: {result['failed']} (log: {server.log.name})", flush=True)
+    finally:
+        server.stop()
+    return result
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--only", default="this,kserve,bentoml,litserve,floor", help="servers to run, comma-separated (default: all)")
+    parser.add_argument("--model-dir", help="a models/NAME/ root of an export (default: a cached synthetic seed_cnn)")
+    parser.add_argument("--duration", type=int, default=10, help="seconds of wrk per cell (default 10)")
+    parser.add_argument("--warmup", type=int, default=3, help="seconds of wrk before each cell, not counted (default 3)")
+    parser.add_argument("--rounds", type=int, default=1, help="times through every server; the table shows each cell's median (default 1)")
+    parser.add_argument("--json", help="write the record here (bench/records/NAME.json)")
+    args = parser.parse_args(argv)
+    names = servers.resolve(args.only)
+
+    model_dir = ensure_model(args.model_dir)
+    versions = {}
+    for name in names:
+        if name in servers.PEERS:
+            servers.ensure_venv(name)
+            versions[name] = servers.installed_version(name)
+    images = request_images(64)
+    expected = reference(model_dir, images)
+    rounds = []
+    with tempfile.TemporaryDirectory(prefix="serving-peers-") as tmp:
+        bodies = load.write_bodies(tmp, images, [png(image) for image in images])
+        logdir = os.path.join(harness.ROOT, "bench", "results", "serving_peers_logs")
+        os.makedirs(logdir, exist_ok=True)
+        for number in range(1, args.rounds + 1):
+            rounds.append({})
+            for name in names:
+                print(f"{name} (round {number} of {args.rounds}):", flush=True)
+                rounds[-1][name] = serve_round(name, model_dir, bodies, expected, args, logdir)
+    results = load.combine(rounds)
+
+    headers = [f"{servers.VERSIONS[n]} {versions[n]}" if n in versions else n for n in names]
+    table = load.markdown({h: results[n] for h, n in zip(headers, names)}, headers)
+    print()
+    print(f"{args.duration} s a cell after {args.warmup} s of warm-up, {args.rounds} round(s); model {model_dir}")
+    print("c=1: p50 / p99; c=32: requests/s (p99); 64 images: images/s (p99); medians over the rounds; errors shown where any")
+    print(table)
+    failed = {n: r["failed"] for n, r in results.items() if "failed" in r}
+    for n, why in failed.items():
+        print(f"{n} failed: {why}")
+    record.write(args.json, {"model_dir": model_dir, "duration_s": args.duration, "warmup_s": args.warmup,
+                             "rounds": args.rounds, "versions": versions, "servers": results}, __spec__.name, argv)
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
