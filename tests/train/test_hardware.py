@@ -56,7 +56,31 @@ def test_on_a_tpu_host_jax_may_use_the_tpu_and_tensorflow_is_not_pointed_at_it(t
     env = {}
     hardware.prepare_environment("tensorflow", environ=env, pci_root=tpu_host)
     # No TensorFlow build runs on current TPUs: TensorFlow trains on the CPU or GPUs only.
-    assert env == {"KERAS_BACKEND": "tensorflow", "TF_ENABLE_ONEDNN_OPTS": "1"}
+    assert env == {"KERAS_BACKEND": "tensorflow", "TF_ENABLE_ONEDNN_OPTS": "1", "TF_CPP_MIN_LOG_LEVEL": "2",
+                   "TF_ENABLED_DEVICE_TYPES": "CPU"}
+
+
+def test_tensorflow_sees_only_its_cpu_where_there_is_no_nvidia_device(tmp_path):
+    env = {}
+    hardware.quiet_tensorflow(env, _pci(tmp_path / "cpu-host", "0x8086"))
+    assert env == {"TF_CPP_MIN_LOG_LEVEL": "2", "TF_ENABLED_DEVICE_TYPES": "CPU"}
+    env = {}
+    hardware.quiet_tensorflow(env, _pci(tmp_path / "gpu-host", "0x10de", "0x8086"))
+    assert env == {"TF_CPP_MIN_LOG_LEVEL": "2"}, "a GPU host keeps TensorFlow's GPU devices"
+    chosen = {"TF_CPP_MIN_LOG_LEVEL": "0", "TF_ENABLED_DEVICE_TYPES": "CPU,GPU"}
+    hardware.quiet_tensorflow(chosen, str(tmp_path / "cpu-host"))
+    assert chosen == {"TF_CPP_MIN_LOG_LEVEL": "0", "TF_ENABLED_DEVICE_TYPES": "CPU,GPU"}, "the user's choice stands"
+
+
+def test_a_tensorflow_start_prints_no_cuda_error():
+    """On this machine, GPU or not: no ``failed call to cuInit`` (an error line on every machine without a GPU)."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TF_")}
+    code = ("from train import hardware; hardware.quiet_tensorflow(); import tensorflow as tf; "
+            "print(len(tf.config.list_logical_devices('CPU')))")
+    done = subprocess.run([sys.executable, "-c", code], cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "1"
+    assert "cuInit" not in done.stderr and "E0000" not in done.stderr, done.stderr
 
 
 def test_tensorflow_trains_with_onednn_on_every_cpu_unless_the_user_turns_it_off():
