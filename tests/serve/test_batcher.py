@@ -111,3 +111,22 @@ def test_a_failing_batch_fails_its_requests_and_the_batcher_carries_on():
         raise AssertionError("the error reached the caller")
     assert batcher.submit(np.ones((2, 2, 2, 3), np.uint8))["echo"].shape == (2, 2, 2, 3)
     batcher.close()
+
+
+def test_requests_that_queue_while_the_model_runs_share_its_next_call():
+    """The next batch is gathered when the model is free, not when its first request arrived: none is left behind."""
+    gate = _Gate()
+    batcher = Batcher(gate, max_batch=32, max_wait_s=0.0)
+    queued = _count_queued(batcher)
+    threads = [threading.Thread(target=batcher.submit, args=(np.full((1, 2, 2, 3), i, np.uint8),)) for i in range(7)]
+    threads[0].start()  # runs inline, held by the gate
+    assert gate.entered.wait(DEADLINE_S)
+    for t in threads[1:]:
+        t.start()
+    for _ in range(6):
+        assert queued.acquire(timeout=DEADLINE_S), "a request never reached the queue"
+    gate.opened.set()
+    for t in threads:
+        t.join(timeout=DEADLINE_S)
+    batcher.close()
+    assert dict(batcher.batch_sizes) == {1: 1, 6: 1}
