@@ -123,6 +123,7 @@ def parse_wrk(output):
         "requests_per_s": r["requests"] / seconds,
         "p50_ms": r["p50_us"] / 1000.0,
         "p99_ms": r["p99_us"] / 1000.0,
+        "mean_ms": r["mean_us"] / 1000.0,
         "non_2xx": r["status_errors"],  # wrk counts answers with a status above 399
         "socket_errors": r["connect_errors"] + r["read_errors"] + r["write_errors"],
         "timeouts": r["timeouts"],
