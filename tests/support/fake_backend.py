@@ -5,7 +5,7 @@ production, over answers computed from the pixels, so no test of the front end w
 as the local backend builds it (:meth:`ModelInfo.build`), from a real :class:`contract.published.Published`
 (:func:`published_manifest`) and the signature definitions that manifest lists, turned into TF Serving's
 JSON by the same code that reads a ``saved_model.pb`` (:func:`serve.signatures.signature_def_map_json`);
-``tests/serve/test_fake_backend.py`` checks both against the local backend over a real export.
+``tests/serve/core/test_fake_backend.py`` checks both against the local backend over a real export.
 
 The model: class ``c``'s logit is ``SCALE * (mean of channel c % 3) / 255`` plus ``version - 1`` for class
 ``(version - 1) % C`` (so versions answer differently), the probabilities its softmax, the

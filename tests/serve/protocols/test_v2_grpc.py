@@ -28,7 +28,7 @@ DEADLINE_S = 60.0
 
 @pytest.fixture(scope="module")
 def app():
-    """The app over the fake backend with API keys on and an 8-image cap (as tests/serve/test_grpc.py's)."""
+    """The app over the fake backend with API keys on and an 8-image cap (as tests/serve/grpc/test_grpc.py's)."""
     return make_app(MODEL_NAME=MODEL, API_KEYS=KEY, MAX_IMAGES=MAX_IMAGES)
 
 

@@ -28,7 +28,7 @@ from prometheus_client.parser import text_string_to_metric_families
 import synthetic
 from live_server import access_messages, free_port, live_server, start_server, stop_server  # noqa: F401  (live_server: a fixture)
 
-ROOT = pathlib.Path(__file__).resolve().parents[2]
+ROOT = pathlib.Path(__file__).resolve().parents[3]
 REDIS_SERVER = shutil.which("redis-server")
 CHROMIUM = "/usr/bin/chromium"
 
