@@ -20,7 +20,7 @@ def backend():
 
 #: Modules whose ``client`` tests run twice: as they are, and against the app with an API key required on the
 #: API and the form, the client sending it: with the key a client gets exactly the answers it gets without keys.
-KEYED_MODULES = ("test_serve_api", "test_serve_uploads", "test_hostile")
+KEYED_MODULES = ("test_serve_api", "test_multipart", "test_hostile")
 KEY = "hostile-input-test-key"
 
 

@@ -3,6 +3,7 @@
 import threading
 
 import numpy as np
+import pytest
 
 from serve.backends.batcher import Batcher
 
@@ -111,3 +112,56 @@ def test_a_failing_batch_fails_its_requests_and_the_batcher_carries_on():
         raise AssertionError("the error reached the caller")
     assert batcher.submit(np.ones((2, 2, 2, 3), np.uint8))["echo"].shape == (2, 2, 2, 3)
     batcher.close()
+
+
+# -- no model call over max_batch ---------------------------------------------------
+
+
+def test_a_request_larger_than_max_batch_is_run_in_parts_of_at_most_max_batch():
+    calls = []
+
+    def model(images):
+        calls.append(len(images))
+        return {"sum": images.reshape(len(images), -1).sum(axis=1)}
+
+    batcher = Batcher(model, max_batch=4, max_wait_s=0)
+    try:
+        images = np.arange(10 * 3, dtype=np.uint8).reshape(10, 3)
+        out = batcher.submit(images)
+        assert max(calls) <= 4 and sum(calls) == 10
+        np.testing.assert_array_equal(out["sum"], images.sum(axis=1))  # in order
+        assert all(size <= 4 for size in batcher.batch_sizes)
+    finally:
+        batcher.close()
+
+
+def test_a_failing_part_fails_the_whole_request():
+    def model(images):
+        if images[0, 0] >= 4:
+            raise RuntimeError("the second part broke")
+        return {"x": images}
+
+    batcher = Batcher(model, max_batch=4, max_wait_s=0)
+    try:
+        with pytest.raises(RuntimeError, match="second part"):
+            batcher.submit(np.arange(8, dtype=np.uint8).reshape(8, 1))
+    finally:
+        batcher.close()
+
+
+@pytest.mark.end_to_end
+def test_the_local_backend_never_calls_the_model_with_more_than_max_batch(model_base):
+    from serve import create_app
+
+    app = create_app({"TESTING": True, "MODEL_DIR": str(model_base), "MODEL_NAME": "cifar10", "MAX_BATCH": 8})
+    backend = app.extensions["serve.backend"]
+    backend.wait_loaded()
+    try:
+        images = np.random.default_rng(0).integers(0, 256, (50, 32, 32, 3), dtype=np.uint8)
+        response = app.test_client().post("/v1/models/cifar10:predict", json={"instances": images.tolist()})
+        assert response.status_code == 200 and len(response.get_json()["predictions"]) == 50
+        assert max(backend.batch_sizes) <= 8
+        whole = app.test_client().post("/v1/models/cifar10:predict", json={"instances": images[:8].tolist()})
+        assert [p["class_ids"] for p in response.get_json()["predictions"][:8]] == [p["class_ids"] for p in whole.get_json()["predictions"]]
+    finally:
+        backend.close()

@@ -26,6 +26,7 @@ import requests
 from prometheus_client.parser import text_string_to_metric_families
 
 import synthetic
+from fake_backend import FakeBackend
 from live_server import access_messages, free_port, live_server, start_server, stop_server  # noqa: F401  (live_server: a fixture)
 
 ROOT = pathlib.Path(__file__).resolve().parents[3]
@@ -704,6 +705,16 @@ def test_form_can_be_left_open_while_the_api_needs_a_key():
     client = app.test_client()
     assert client.get("/").status_code == 200
     assert client.get("/api/v1/model").status_code == 401
+
+
+def test_metrics_take_the_api_keys_when_they_have_none_of_their_own():
+    from serve import create_app
+
+    client = create_app({"MODEL_NAME": "cifar10", "API_KEYS": "k"}, backend=FakeBackend()).test_client()
+    assert client.get("/metrics").status_code == 401
+    assert client.get("/metrics", headers={"X-API-Key": "k"}).status_code == 200
+    open_server = create_app({"MODEL_NAME": "cifar10"}, backend=FakeBackend()).test_client()
+    assert open_server.get("/metrics").status_code == 200  # no keys at all: open, as before
 
 
 # -- static analysis ---------------------------------------------------------------------------

@@ -1,7 +1,7 @@
 """Hostile input without the API key, against an app with keys on (the form too): every request is a 401,
 refused before its body is read.
 
-The in-process hostile tests themselves (test_serve_api, test_serve_uploads, test_hostile) run a second
+The in-process hostile tests themselves (test_serve_api, test_multipart, test_hostile) run a second
 time with keys on and the key sent (tests/serve/conftest.py's ``api_key``), and must get the answers they
 get without keys.
 """
