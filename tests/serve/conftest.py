@@ -5,11 +5,15 @@ the guards) over a :class:`fake_backend.FakeBackend`, with no model and no train
 ``model_base``, the version exported from a real training run, for the tests of what a real runtime
 answers; every test that needs the real model is marked ``end_to_end`` (tests/conftest.py refuses one that is not), so
 ``pytest tests/serve -m "not end_to_end"`` runs the unit tests alone.
+
+``target`` and ``channel`` are the gRPC server over a module's own module-scoped ``app``, and a channel to it.
 """
 
+import grpc
 import pytest
 
 import fake_backend
+import grpc_servers
 
 
 @pytest.fixture()
@@ -53,3 +57,19 @@ def client(app, api_key):
 @pytest.fixture()
 def real_client(real_app):
     return real_app.test_client()
+
+
+@pytest.fixture(scope="module")
+def target(app):
+    """``host:port`` of the gRPC server (both gRPC APIs and health) over ``app``, one for the module's tests: a module
+    that asks for it defines a module-scoped ``app``."""
+    with grpc_servers.serving(app) as target:
+        yield target
+
+
+@pytest.fixture(scope="module")
+def channel(target):
+    """A gRPC channel to ``target``."""
+    channel = grpc.insecure_channel(target)
+    yield channel
+    channel.close()

@@ -41,19 +41,6 @@ def app():
 
 
 @pytest.fixture(scope="module")
-def target(app):
-    with grpc_servers.serving(app) as target:
-        yield target
-
-
-@pytest.fixture(scope="module")
-def channel(target):
-    channel = grpc.insecure_channel(target)
-    yield channel
-    channel.close()
-
-
-@pytest.fixture(scope="module")
 def predict_stub(channel):
     return prediction_service_pb2_grpc.PredictionServiceStub(channel)
 

@@ -11,7 +11,6 @@ from tritonclient.grpc import service_pb2, service_pb2_grpc
 from tritonclient.utils import InferenceServerException
 
 import contract
-import grpc_servers
 import synthetic
 from fake_backend import make_app
 from tfs_protos import tensors
@@ -30,12 +29,6 @@ DEADLINE_S = 60.0
 def app():
     """The app over the fake backend with API keys on and an 8-image cap (as tests/serve/grpc/test_grpc.py's)."""
     return make_app(MODEL_NAME=MODEL, API_KEYS=KEY, MAX_IMAGES=MAX_IMAGES)
-
-
-@pytest.fixture(scope="module")
-def target(app):
-    with grpc_servers.serving(app) as target:
-        yield target
 
 
 @pytest.fixture(scope="module")
