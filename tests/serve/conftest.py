@@ -6,8 +6,13 @@ the guards) over a :class:`fake_backend.FakeBackend`, with no model and no train
 answers; every test that needs the real model is marked ``end_to_end`` (tests/conftest.py refuses one that is not), so
 ``pytest tests/serve -m "not end_to_end"`` runs the unit tests alone.
 
-``target`` and ``channel`` are the gRPC server over a module's own module-scoped ``app``, and a channel to it.
+``target`` and ``channel`` are the gRPC server over a module's own module-scoped ``app``, and a channel to it;
+``access_lines``, what the access log writes, for the tests of request ids on either transport.
 """
+
+import io
+import json
+import logging
 
 import grpc
 import pytest
@@ -73,3 +78,17 @@ def channel(target):
     channel = grpc.insecure_channel(target)
     yield channel
     channel.close()
+
+
+@pytest.fixture()
+def access_lines():
+    """The JSON lines the ``serve.access`` logger writes while the test runs."""
+    from serve.telemetry import logs
+
+    stream = io.StringIO()
+    handler = logging.StreamHandler(stream)
+    handler.setFormatter(logs.formatter("json"))
+    handler.addFilter(logs.RequestIdFilter())
+    logging.getLogger("serve.access").addHandler(handler)
+    yield lambda: [json.loads(line) for line in stream.getvalue().splitlines()]
+    logging.getLogger("serve.access").removeHandler(handler)
