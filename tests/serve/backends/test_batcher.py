@@ -5,6 +5,7 @@ import threading
 import numpy as np
 import pytest
 
+from batching import Gate, count_queued
 from serve.backends.batcher import Batcher
 
 DEADLINE_S = 60  # how long a step may take on a loaded machine before the test calls it stuck
@@ -14,37 +15,10 @@ def _identity(images):
     return {"echo": images.copy(), "sum": images.reshape(len(images), -1).sum(axis=1)}
 
 
-class _Gate:
-    """A model that holds every call until it is opened: requests queue behind a running call for sure."""
-
-    def __init__(self):
-        self.entered = threading.Event()
-        self.opened = threading.Event()
-
-    def __call__(self, images):
-        self.entered.set()
-        assert self.opened.wait(DEADLINE_S), "the gate was never opened"
-        return _identity(images)
-
-
-def _count_queued(batcher):
-    """Wrap the batcher's queue so the test can wait until a number of requests are in it."""
-    queued = threading.Semaphore(0)
-    put = batcher._queue.put
-
-    def counting_put(item, *args, **kwargs):
-        put(item, *args, **kwargs)
-        if item is not None:
-            queued.release()
-
-    batcher._queue.put = counting_put
-    return queued
-
-
 def test_every_request_gets_its_own_rows_and_batches_stay_bounded():
-    gate = _Gate()
+    gate = Gate(_identity)
     batcher = Batcher(gate, max_batch=8, max_wait_s=0.005)
-    queued = _count_queued(batcher)
+    queued = count_queued(batcher)
     results, errors = {}, []
 
     def client(i, n):
