@@ -25,6 +25,7 @@ import pytest
 import requests
 from prometheus_client.parser import text_string_to_metric_families
 
+import raw_http
 import synthetic
 from fake_backend import FakeBackend
 from live_server import access_messages, free_port, live_server, start_server, stop_server  # noqa: F401  (live_server: a fixture)
@@ -52,6 +53,15 @@ class Server(str):
     logs: pathlib.Path
 
 
+def _server(model_base, env, folder):
+    """A gunicorn server over ``model_base`` with ``env``, whose logs are in ``folder``, for a fixture to yield."""
+    process, url = start_server(model_base, env)
+    server = Server(url)
+    server.logs = folder
+    yield server
+    stop_server(process)
+
+
 @pytest.fixture(scope="module")
 def secured(model_base, tmp_path_factory):
     folder = tmp_path_factory.mktemp("secured")
@@ -70,11 +80,7 @@ def secured(model_base, tmp_path_factory):
         # Everything gunicorn and the app log, at the most talkative level, into files the last test reads.
         "GUNICORN_CMD_ARGS": f"--access-logfile {folder}/access.log --error-logfile {folder}/error.log --log-level debug",
     }
-    process, url = start_server(model_base, env)
-    server = Server(url)
-    server.logs = folder
-    yield server
-    stop_server(process)
+    yield from _server(model_base, env, folder)
 
 
 @pytest.fixture(scope="module")
@@ -116,11 +122,7 @@ def shared(model_base, redis_url, tmp_path_factory):
         # One line per request naming the worker (pid) that answered it.
         "GUNICORN_CMD_ARGS": f"--access-logfile {folder}/access.log --access-logformat '%(p)s %(s)s %(U)s'",
     }
-    process, url = start_server(model_base, env)
-    server = Server(url)
-    server.logs = folder
-    yield server
-    stop_server(process)
+    yield from _server(model_base, env, folder)
 
 
 # -- helpers --------------------------------------------------------------------------------
@@ -439,19 +441,12 @@ def test_a_refused_body_leaves_the_connection_usable(secured, size):
 
 def _read_response(sock):
     """One whole HTTP/1.1 response with a Content-Length (b"" if the server closed the connection)."""
-    data = b""
-    while b"\r\n\r\n" not in data:
-        chunk = sock.recv(65536)
-        if not chunk:
-            return data
-        data += chunk
+    data = raw_http.receive_until(sock, lambda data: b"\r\n\r\n" in data)
+    if b"\r\n\r\n" not in data:
+        return data
     head, _, rest = data.partition(b"\r\n\r\n")
     length = int(re.search(rb"(?i)content-length: *(\d+)", head).group(1))
-    while len(rest) < length:
-        chunk = sock.recv(65536)
-        if not chunk:
-            break
-        rest += chunk
+    rest = raw_http.receive_until(sock, lambda rest: len(rest) >= length, rest)
     return head + b"\r\n\r\n" + rest
 
 
