@@ -26,14 +26,14 @@ import hashlib
 import json
 import os
 import re
-import tomllib
 from pathlib import Path
 from urllib.parse import urlsplit
 
 import pytest
 import yaml
 
-from manifests import env_of, kustomize, one, selects, tfserving_probe_passes
+from manifests import claim_path, env_of, kustomize, one, selects, tfserving_probe_passes
+from project_files import compose, dockerfile_env, final_stage, instruction, project_version, split_image
 
 ROOT = Path(__file__).resolve().parents[2]
 KSERVE = ROOT / "deploy" / "kserve"
@@ -132,35 +132,8 @@ def test_every_kustomization_is_rendered():
 
 
 def dockerfile_final_stage():
-    from dockerfile_parse import DockerfileParser
-
-    parser = DockerfileParser(str(ROOT / "Dockerfile"))
-    stage = []
-    for item in parser.structure:
-        if item["instruction"] == "FROM":
-            stage = []
-        elif item["instruction"] != "COMMENT":
-            stage.append(item)
-    return stage, parser.envs
-
-
-def instruction(stage, name):
-    values = [item["value"] for item in stage if item["instruction"] == name]
-    assert len(values) == 1, f"{len(values)} {name} instructions"
-    return values[0]
-
-
-def compose():
-    return yaml.safe_load((ROOT / "compose.yaml").read_text())
-
-
-def project_version():
-    return tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["version"]
-
-
-def split_image(image):
-    name, _, tag = image.rpartition(":")
-    return name, tag
+    """The serving Dockerfile's final stage, and its environment."""
+    return final_stage(ROOT / "Dockerfile"), dockerfile_env(ROOT / "Dockerfile")
 
 
 def server_settings(c, image_env):
@@ -439,15 +412,6 @@ def pvc_location(uri):
     assert uri.startswith("pvc://"), uri
     claim, _, path = uri.removeprefix("pvc://").partition("/")
     return claim, os.path.normpath(path or ".")
-
-
-def claim_path(workload, c, path):
-    """``(claim, path inside the claim)`` of ``path`` in container ``c`` of a Deployment or Job."""
-    spec = workload["spec"]["template"]["spec"]
-    mounts = [m for m in c.get("volumeMounts", []) if path == m["mountPath"] or path.startswith(m["mountPath"].rstrip("/") + "/")]
-    mount = max(mounts, key=lambda m: len(m["mountPath"]))
-    volume = next(v for v in spec["volumes"] if v["name"] == mount["name"])
-    return volume["persistentVolumeClaim"]["claimName"], os.path.relpath(path, mount["mountPath"])
 
 
 def exported_location(k8s):

@@ -1,5 +1,7 @@
-"""Rendering and reading Kubernetes manifests, shared by tests/deploy/test_k8s.py and test_kserve.py."""
+"""Rendering and reading Kubernetes manifests (and where a container's paths land on its volumes), shared by
+tests/deploy/test_k8s.py and test_kserve.py."""
 
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -46,6 +48,26 @@ def one(rendered, kind, name=None):
 def env_of(container):
     """A container's environment, ``{name: value}`` (None for a value taken from elsewhere)."""
     return {e["name"]: e.get("value") for e in container.get("env", [])}
+
+
+def pod_spec(workload):
+    return workload["spec"] if workload["kind"] == "Pod" else workload["spec"]["template"]["spec"]
+
+
+def mount_of(workload, c, path):
+    """(volume, mount) whose mountPath holds ``path`` in container ``c``, the deepest one."""
+    mounts = [m for m in c.get("volumeMounts", []) if path == m["mountPath"] or path.startswith(m["mountPath"].rstrip("/") + "/")]
+    assert mounts, f"{path} is on no volume of {workload['metadata']['name']}"
+    mount = max(mounts, key=lambda m: len(m["mountPath"]))
+    volume = next(v for v in pod_spec(workload)["volumes"] if v["name"] == mount["name"])
+    return volume, mount
+
+
+def claim_path(workload, c, path):
+    """``(claim name, path inside the claim)`` for ``path`` in container ``c``."""
+    volume, mount = mount_of(workload, c, path)
+    assert "persistentVolumeClaim" in volume, f"{path} is not on a persistent volume"
+    return volume["persistentVolumeClaim"]["claimName"], os.path.relpath(path, mount["mountPath"])
 
 
 def selects(selector, labels):
