@@ -32,7 +32,8 @@ from pathlib import Path
 import pytest
 
 import proxy
-from manifests import BIN, claim_path, documents, env_of, kustomize_text, mount_of, one, pod_spec, selects, tfserving_probe_passes
+from manifests import (BIN, OLDEST_K8S, claim_path, documents, env_of, kubernetes_schema_errors, kustomize_text,
+                       mount_of, one, pod_spec, selects, tfserving_probe_passes)
 from project_files import compose, dockerfile_env, dockerfile_stages, final_stage, instruction, project_version, split_image
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -49,11 +50,6 @@ SERVING = ["overlays/local", "overlays/tfserving"]
 TRAINING = ["training/tensorflow", "training/jax", "training/tpu-v5e", "training/tpu-v6e", "training/tpu-v5e-16"]
 #: The Jobs of several JAX processes (one per pod), joined through process 0.
 MULTI_PROCESS = ["training/jax", "training/tpu-v6e", "training/tpu-v5e-16"]
-
-#: The oldest Kubernetes with every field used here GA or on by default (Job podFailurePolicy is GA
-#: in 1.31; podReplacementPolicy and the preStop sleep action are beta and on from 1.29/1.30), and the
-#: newest schemas kubernetes-validate ships.
-OLDEST_K8S = "1.31.0"
 
 #: Set by the Job controller on every pod of an Indexed Job (and what JOB_COMPLETION_INDEX reads).
 INDEX_ANNOTATION = "batch.kubernetes.io/job-completion-index"
@@ -100,16 +96,7 @@ def test_every_kustomization_is_rendered():
 
 @pytest.mark.parametrize("version", [OLDEST_K8S, "latest"])
 def test_manifests_match_the_kubernetes_schemas(rendered, version):
-    import kubernetes_validate
-
-    version = kubernetes_validate.latest_version() if version == "latest" else version
-    errors = []
-    for target, resources in rendered.items():
-        for resource in resources:
-            try:
-                kubernetes_validate.validate(resource, version, strict=True)
-            except kubernetes_validate.ValidationError as e:
-                errors.append(f"{target}: {resource['kind']}/{resource['metadata']['name']}: {e.message} at {list(e.path)}")
+    errors = kubernetes_schema_errors(rendered, version)
     assert not errors, "\n".join(errors)
 
 

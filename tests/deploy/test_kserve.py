@@ -32,7 +32,7 @@ from urllib.parse import urlsplit
 import pytest
 import yaml
 
-from manifests import claim_path, env_of, kustomize, one, selects, tfserving_probe_passes
+from manifests import OLDEST_K8S, claim_path, env_of, kubernetes_schema_errors, kustomize, one, selects, tfserving_probe_passes
 from project_files import compose, dockerfile_env, final_stage, instruction, project_version, split_image
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -43,7 +43,6 @@ SCHEMAS = KSERVE / "schemas"
 TARGETS = ["custom", "tfserving", "knative", "canary"]
 #: What these manifests are checked against from deploy/k8s.
 K8S_TARGETS = ["overlays/local", "overlays/tfserving", "storage", "training/export"]
-OLDEST_K8S = "1.31.0"  # as tests/deploy/test_k8s.py
 NAMESPACE = "cifar"
 
 # KServe v0.20.0 (pkg/constants/constants.go, pkg/apis/serving/v1beta1/*_validation.go).
@@ -240,18 +239,9 @@ def test_schema_validation_can_fail(rendered, validators, mutation, expected):
 
 @pytest.mark.parametrize("version", [OLDEST_K8S, "latest"])
 def test_kubernetes_objects_match_the_kubernetes_schemas(rendered, version):
-    import kubernetes_validate
-
-    version = kubernetes_validate.latest_version() if version == "latest" else version
-    errors = []
-    for target, resources in rendered.items():
-        for r in resources:
-            if r["apiVersion"].startswith("serving.kserve.io/"):
-                continue
-            try:
-                kubernetes_validate.validate(r, version, strict=True)
-            except kubernetes_validate.ValidationError as e:
-                errors.append(f"{target}: {r['kind']}/{r['metadata']['name']}: {e.message} at {list(e.path)}")
+    kubernetes = {target: [r for r in resources if not r["apiVersion"].startswith("serving.kserve.io/")]
+                  for target, resources in rendered.items()}
+    errors = kubernetes_schema_errors(kubernetes, version)
     assert not errors, "\n".join(errors)
 
 

