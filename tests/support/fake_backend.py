@@ -237,3 +237,22 @@ def make_app(backend=None, api_key=None, **settings):
 
     settings = {**APP_SETTINGS, **({"API_KEYS": api_key} if api_key else {}), **settings}
     return create_app(settings, backend=backend if backend is not None else FakeBackend())
+
+
+def probabilities_by_class(predictions):
+    """The JSON API's ``predictions`` as a table of probabilities: a row an image, a column a class id."""
+    table = np.full((len(predictions), len(synthetic.CLASS_NAMES)), np.nan, np.float32)
+    for row, prediction in enumerate(predictions):
+        for entry in prediction["top_k"]:
+            table[row, entry["class_id"]] = entry["probability"]
+    assert not np.isnan(table).any(), predictions
+    return table
+
+
+def api_probabilities(app, images, headers):
+    """``/api/v1/predict``'s probabilities for ``images`` sent as PNG uploads, by class id: what the other protocols
+    of the same app must answer."""
+    files = [(f"{i}.png", synthetic.encode(image)) for i, image in enumerate(images)]
+    response = app.test_client().post("/api/v1/predict", headers=headers, **synthetic.multipart(*files))
+    assert response.status_code == 200, response.get_json()
+    return probabilities_by_class(response.get_json()["predictions"])

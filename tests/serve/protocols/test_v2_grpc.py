@@ -12,7 +12,7 @@ from tritonclient.utils import InferenceServerException
 
 import contract
 import synthetic
-from fake_backend import make_app
+from fake_backend import api_probabilities, make_app
 from tfs_protos import tensors
 from tfs_protos.grpc_health.v1 import health_pb2, health_pb2_grpc
 from tfs_protos.tensorflow_serving.apis import predict_pb2, prediction_service_pb2_grpc
@@ -46,16 +46,7 @@ def images():
 @pytest.fixture(scope="module")
 def expected(app, images):
     """``/api/v1/predict``'s probabilities for ``images`` (by class id), as PNG uploads."""
-    response = app.test_client().post("/api/v1/predict", headers=HEADERS,
-                                      **synthetic.multipart(*[(f"{i}.png", synthetic.encode(image)) for i, image in enumerate(images)]))
-    assert response.status_code == 200, response.get_json()
-    predictions = response.get_json()["predictions"]
-    table = np.full((len(predictions), len(synthetic.CLASS_NAMES)), np.nan, np.float32)
-    for row, prediction in enumerate(predictions):
-        for entry in prediction["top_k"]:
-            table[row, entry["class_id"]] = entry["probability"]
-    assert not np.isnan(table).any(), predictions
-    return table
+    return api_probabilities(app, images, HEADERS)
 
 
 def pixels_input(pixels, datatype="UINT8"):
