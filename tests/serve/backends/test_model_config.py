@@ -1,4 +1,4 @@
-"""Several versions and their labels from TF Serving's model config file (serve/model_config.py, read by the
+"""Several versions and their labels from TF Serving's model config file (serve/backends/model_config.py, read by the
 local backend): two versions of ``model_base`` served with ``specific``, labels ``stable`` -> 1 and ``canary``
 -> 2, answered by TF Serving's REST API, its gRPC API (``tensorflow-serving-api``'s own stubs) and the Open
 Inference Protocol over HTTP and gRPC (``tritonclient``); a label moved in the file moves the traffic

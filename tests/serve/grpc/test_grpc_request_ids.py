@@ -1,4 +1,4 @@
-"""Request ids over gRPC (serve/protocols/grpc_calls.py): the caller's ``x-request-id`` metadata or a new id, sent
+"""Request ids over gRPC (serve/grpc/interceptors.py): the caller's ``x-request-id`` metadata or a new id, sent
 back in the initial metadata of every answer and refusal, and one JSON ``serve.access`` line a call."""
 
 import json

@@ -1,4 +1,4 @@
-"""serve.security against real gunicorn servers: API keys, rate limits (in memory and in a real Redis
+"""serve.http.security against real gunicorn servers: API keys, rate limits (in memory and in a real Redis
 shared by two workers), CORS, security headers, ProxyFix; then the client's key, the settings' errors,
 and bandit over the shipped packages.
 
@@ -310,7 +310,7 @@ def test_wrong_key_is_401_invalid_token(secured, how):
     for path in ("/api/v1/model", "/v1/models/cifar10"):
         response = call(f"{secured}{path}", key=wrong, how=how, address=fresh_address())
         assert response.status_code == 401
-        # The error and the request's id (serve/logs.py), nothing else: no word of which key was near.
+        # The error and the request's id (serve/telemetry/logs.py), nothing else: no word of which key was near.
         assert response.json() == {"error": "the API key is not valid", "request_id": response.headers["X-Request-Id"]}
         assert 'error="invalid_token"' in response.headers["WWW-Authenticate"]
 

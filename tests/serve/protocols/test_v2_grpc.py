@@ -1,6 +1,6 @@
 """The Open Inference Protocol over gRPC (serve/protocols/v2_grpc.py), called with ``tritonclient.grpc``
 unchanged (and Triton's own generated stub where a test needs typed contents, which tritonclient never
-sends), on the server ``tfserving_grpc.make_server`` starts in-process over an app of the fake backend: the
+sends), on the server ``serve.grpc.server.make_server`` starts in-process over an app of the fake backend: the
 port that also serves TF Serving's gRPC API and health."""
 
 import grpc

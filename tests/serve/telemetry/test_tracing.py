@@ -1,4 +1,4 @@
-"""OpenTelemetry traces (serve/tracing.py): a span per request on every protocol, child spans for the stages with
+"""OpenTelemetry traces (serve/telemetry/tracing.py): a span per request on every protocol, child spans for the stages with
 the right parents, the caller's ``traceparent`` honoured and passed on to TF Serving, nothing when off, and
 ``OTEL_TRACES_EXPORTER=console`` printing the spans of one request from a real server."""
 
