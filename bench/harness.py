@@ -60,19 +60,19 @@ def rss_mb(pid):
         return 0.0
 
 
-def tree_rss_mb(pid):
-    """Resident memory of ``pid`` and all its descendants, MB (whatever the layout: workers, arbiters, queues)."""
-    total, stack = 0.0, [pid]
+def process_rss_mb(pid):
+    """Resident memory, MB, of ``pid`` and of each of its descendants (workers, arbiters, queues), one by one."""
+    sizes, stack = [], [pid]
     while stack:
         p = stack.pop()
-        total += rss_mb(p)
+        sizes.append(rss_mb(p))
         try:
             for task in os.listdir(f"/proc/{p}/task"):
                 with open(f"/proc/{p}/task/{task}/children") as f:
                     stack.extend(int(c) for c in f.read().split())
         except OSError:
             pass
-    return total
+    return sizes
 
 
 def serve_argv(model_dir, port, grpc_port=0):
@@ -158,6 +158,7 @@ def parse_wrk(output):
         "requests_per_s": r["requests"] / seconds,
         "p50_ms": r["p50_us"] / 1000.0,
         "p99_ms": r["p99_us"] / 1000.0,
+        "mean_ms": r["mean_us"] / 1000.0,
         "non_2xx": r["status_errors"],  # wrk counts answers with a status above 399
         "socket_errors": r["connect_errors"] + r["read_errors"] + r["write_errors"],
         "timeouts": r["timeouts"],

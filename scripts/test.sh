@@ -10,7 +10,7 @@ if ! command -v chromium >/dev/null 2>&1; then
     sudo apt-get update -qq && sudo apt-get install -y -qq chromium >/dev/null
   fi
 fi
-# tests/serve/test_security.py starts a real Redis (the shared rate-limit store) on a loopback port.
+# tests/serve/http/test_security.py starts a real Redis (the shared rate-limit store) on a loopback port.
 if ! command -v redis-server >/dev/null 2>&1; then
   if [ "$(id -u)" = 0 ]; then
     apt-get -o DPkg::Lock::Timeout=600 update -qq && apt-get -o DPkg::Lock::Timeout=600 install -y -qq redis-server >/dev/null

@@ -62,7 +62,10 @@ def main(argv=None):
     if args.check:
         print(configured.describe())
         return 0
+    # The savedmodel runtime's TensorFlow: warnings and errors only, and CPU devices alone (serving is on the
+    # CPU), so it never calls cuInit and logs its failure as an error on a machine without a GPU.
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    os.environ.setdefault("TF_ENABLED_DEVICE_TYPES", "CPU")
     # glibc reads it when the exec'd process starts (serve/gunicorn_conf.py says why 2).
     os.environ.setdefault("MALLOC_ARENA_MAX", "2")
     if configured.server == "granian":

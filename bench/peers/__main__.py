@@ -31,11 +31,14 @@ Prints one markdown table (server x cell); ``--json`` writes the record.
 import argparse
 import json
 import os
+import statistics
+import subprocess
 import sys
 import tempfile
 
 from bench import harness, record
-from bench.peers import load, servers
+from bench.peers import grpc_load, load, servers
+from bench.peers.litert_model import model_file
 from bench.peers.model import ensure_model, png, request_images, version_dir
 
 
@@ -52,17 +55,22 @@ def serve_round(name, model_dir, bodies, expected, args, logdir):
     server = harness.Server(argv, env, os.path.join(logdir, f"{name.replace(' ', '-')}.log"))
     base = f"http://127.0.0.1:{port}"
     routes = servers.ROUTES[name]
-    cells = [c for c in load.CELLS if c.kind in routes and (name != servers.FLOOR or c.key in servers.FLOOR_CELLS)]
+    cells = [c for c in load.CELLS if c.kind in routes and (name not in servers.FLOORS or c.key in servers.FLOOR_CELLS)]
     result = {"cells": {}, "load_average": os.getloadavg()[0]}
     try:
         path, content_type = bodies[("json", 1)]
         with open(path, "rb") as f:
             server.wait_ready(base + routes["json"], f.read(), content_type)
         for cell in cells:
+            if cell.kind in load.GRPC_KINDS:
+                row = grpc_cell(name, cell, f"127.0.0.1:{grpc_port}", expected, args)
+                result["cells"][cell.key] = row
+                print(f"  {name}: {cell.label}: {load.format_cell(cell, row)}", flush=True)
+                continue
             path, content_type = bodies[(cell.kind, cell.images)]
             url = base + routes[cell.kind]
             row = {}
-            if name != servers.FLOOR:
+            if name not in servers.FLOORS:
                 with open(path, "rb") as f:
                     status, answer = harness.post(url, f.read(), content_type)
                 row["wrong"] = load.check_answer(json.loads(answer), expected[: cell.images])
@@ -71,7 +79,8 @@ def serve_round(name, model_dir, bodies, expected, args, logdir):
             row.update(harness.run_wrk(url, path, content_type, cell.threads, cell.connections, args.duration))
             result["cells"][cell.key] = row
             print(f"  {name}: {cell.label}: {load.format_cell(cell, row)}", flush=True)
-        result["rss_mb"] = harness.tree_rss_mb(server.proc.pid)
+        sizes = harness.process_rss_mb(server.proc.pid)
+        result["rss_mb"], result["largest_process_mb"] = sum(sizes), max(sizes, default=0)
     except Exception as e:  # report the server that failed and go on with the others
         result["failed"] = f"{type(e).__name__}: {e}"
         print(f"  {name} failed: {result['failed']} (log: {server.log.name})", flush=True)
@@ -80,18 +89,40 @@ def serve_round(name, model_dir, bodies, expected, args, logdir):
     return result
 
 
+def grpc_cell(name, cell, target, expected, args):
+    """A gRPC cell, driven from a separate Python process (``python -m bench.peers.grpc_load``) as wrk drives the HTTP ones."""
+    kind = load.GRPC_KINDS[cell.kind]
+    row = {"wrong": grpc_load.wrong(target, kind, request_images(cell.images), expected[: cell.images])}
+    argv = [sys.executable, "-m", "bench.peers.grpc_load", "--target", target, "--kind", kind, "--images", str(cell.images),
+            "--concurrency", str(cell.connections)]
+    if args.warmup:
+        subprocess.run([*argv, "--seconds", str(args.warmup)], cwd=harness.ROOT, check=True, capture_output=True)
+    done = subprocess.run([*argv, "--seconds", str(args.duration)], cwd=harness.ROOT, check=True, capture_output=True, text=True)
+    row.update(json.loads(done.stdout.strip().splitlines()[-1]))
+    return row
+
+
+def limit_line(limit):
+    one, b32, b64 = limit["batch_1"], limit["batch_32"], limit["batch_64"]
+    return (f"1 image a call p50 {one['p50_ms']:.2f} ms; 32 images a call {b32['images_per_s']:,.0f} img/s; "
+            f"64 images a call {b64['images_per_s']:,.0f} img/s")
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--only", default="this,kserve,bentoml,litserve,floor", help="servers to run, comma-separated (default: all)")
-    parser.add_argument("--model-dir", help="a models/NAME/ root of an export (default: a cached synthetic seed_cnn)")
+    parser.add_argument("--model-dir", help="a models/NAME/ root of an export (default: a cached synthetic model)")
+    parser.add_argument("--architecture", default="seed_cnn", choices=("seed_cnn", "airbench_muon"),
+                        help="the cached synthetic model's architecture (default seed_cnn; airbench_muon: the main job's default)")
     parser.add_argument("--duration", type=int, default=10, help="seconds of wrk per cell (default 10)")
     parser.add_argument("--warmup", type=int, default=3, help="seconds of wrk before each cell, not counted (default 3)")
     parser.add_argument("--rounds", type=int, default=1, help="times through every server; the table shows each cell's median (default 1)")
-    parser.add_argument("--json", help="write the record here (bench/records/NAME.json)")
+    parser.add_argument("--json", default=os.path.join("bench", "results", "serving-peers.json"),
+                        help="write the record here (default: bench/results/serving-peers.json; bench/records/NAME.json to keep it)")
     args = parser.parse_args(argv)
     names = servers.resolve(args.only)
 
-    model_dir = ensure_model(args.model_dir)
+    model_dir = ensure_model(args.model_dir, architecture=args.architecture)
     versions = {}
     for name in names:
         if name in servers.PEERS:
@@ -99,13 +130,15 @@ def main(argv=None):
             versions[name] = servers.installed_version(name)
     images = request_images(64)
     expected = reference(model_dir, images)
-    rounds = []
+    rounds, limits = [], []
     with tempfile.TemporaryDirectory(prefix="serving-peers-") as tmp:
         bodies = load.write_bodies(tmp, images, [png(image) for image in images])
         logdir = os.path.join(harness.ROOT, "bench", "results", "serving_peers_logs")
         os.makedirs(logdir, exist_ok=True)
         for number in range(1, args.rounds + 1):
             rounds.append({})
+            limits.append(grpc_load.bare_model(model_file(model_dir), images))
+            print(f"bare model (round {number}): " + limit_line(limits[-1]), flush=True)
             for name in names:
                 print(f"{name} (round {number} of {args.rounds}):", flush=True)
                 rounds[-1][name] = serve_round(name, model_dir, bodies, expected, args, logdir)
@@ -117,11 +150,15 @@ def main(argv=None):
     print(f"{args.duration} s a cell after {args.warmup} s of warm-up, {args.rounds} round(s); model {model_dir}")
     print("c=1: p50 / p99; c=32: requests/s (p99); 64 images: images/s (p99); medians over the rounds; errors shown where any")
     print(table)
+    limit = {key: {k: statistics.median(r[key][k] for r in limits) for k in ("p50_ms", "images_per_s")} for key in limits[0]}
+    print("The limit, the bare model (LiteRT in one process, as many threads as cores, no server), medians: " + limit_line(limit))
     failed = {n: r["failed"] for n, r in results.items() if "failed" in r}
     for n, why in failed.items():
         print(f"{n} failed: {why}")
-    record.write(args.json, {"model_dir": model_dir, "duration_s": args.duration, "warmup_s": args.warmup,
-                             "rounds": args.rounds, "versions": versions, "servers": results}, __spec__.name, argv)
+    os.makedirs(os.path.dirname(os.path.abspath(args.json)), exist_ok=True)
+    record.write(args.json, {"model_dir": model_dir, "duration_s": args.duration, "warmup_s": args.warmup, "rounds": args.rounds,
+                             "versions": versions, "servers": results, "bare_model": limit, "bare_model_rounds": limits},
+                 __spec__.name, argv)
     return 1 if failed else 0
 
 

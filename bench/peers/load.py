@@ -21,7 +21,8 @@ class Cell:
 
     @property
     def label(self):
-        what = {"json": "JSON `instances`", "png": "multipart PNG", "v2": "v2 JSON"}[self.kind]
+        what = {"json": "JSON `instances`", "png": "multipart PNG", "v2": "v2 JSON",
+                "grpc-tfs": "gRPC TF Serving `tensor_content`", "grpc-v2": "gRPC v2 `raw_input_contents`"}[self.kind]
         return f"{what}, {self.images} image{'s' if self.images > 1 else ''}, c={self.connections}"
 
 
@@ -35,7 +36,11 @@ CELLS = (
     Cell("v2-1-c1", "v2", 1, 1, 1),
     Cell("v2-1-c32", "v2", 1, 2, 32),
     Cell("v2-64-c2", "v2", 64, 1, 2),
+    Cell("grpc-tfs-64-c2", "grpc-tfs", 64, 1, 2),
+    Cell("grpc-v2-64-c2", "grpc-v2", 64, 1, 2),
 )
+#: The kinds of request bench/peers/grpc_load.py sends (wrk speaks HTTP alone).
+GRPC_KINDS = {"grpc-tfs": "tfs", "grpc-v2": "v2"}
 
 
 # -- bodies ------------------------------------------------------------------------------------
@@ -55,7 +60,7 @@ def body(kind, images, pngs):
 def write_bodies(folder, images, pngs):
     """``{(kind, count): (path, content type)}`` for every body a cell posts."""
     paths = {}
-    for kind, count in {(c.kind, c.images) for c in CELLS}:
+    for kind, count in {(c.kind, c.images) for c in CELLS if c.kind not in GRPC_KINDS}:
         data, content_type = body(kind, images[:count], pngs)
         path = os.path.join(folder, f"{kind}-{count}.body")
         with open(path, "wb") as f:
@@ -116,6 +121,7 @@ def combine(rounds):
             cell["rounds"] = rows
             cells[key] = cell
         combined[name] = {"cells": cells, "rss_mb": max((run.get("rss_mb") or 0 for run in runs), default=0) or None,
+                          "largest_process_mb": max((run.get("largest_process_mb") or 0 for run in runs), default=0) or None,
                           "load_average": [run.get("load_average") for run in runs]}
         failed = [run["failed"] for run in runs if "failed" in run]
         if failed:
@@ -159,6 +165,8 @@ def markdown(results, servers):
         lines.append(f"| {cell.label} | " + " | ".join(entries) + " |")
     rss = [results.get(name, {}).get("rss_mb") for name in servers]
     lines.append("| resident memory, all processes after the run | " + " | ".join(f"{r:,.0f} MB" if r else "—" for r in rss) + " |")
+    largest = [results.get(name, {}).get("largest_process_mb") for name in servers]
+    lines.append("| resident memory, largest process (a worker) | " + " | ".join(f"{r:,.0f} MB" if r else "—" for r in largest) + " |")
     loads = [results.get(name, {}).get("load_average") or [] for name in servers]
     if any(loads):
         lines.append("| 1-min load average as the server started | " + " | ".join(", ".join(f"{x:.1f}" for x in la if x is not None) or "—" for la in loads) + " |")

@@ -17,20 +17,26 @@ ROOT = os.path.dirname(os.path.dirname(HERE))
 VENVS = os.path.join(HERE, ".venvs")
 
 THIS = "this project"
+THIS_GRANIAN = "this project, granian"
 FLOOR = "hello-world floor"
+FLOOR_GRANIAN = "hello-world floor, granian"
 PEERS = ("kserve", "bentoml", "litserve")
-ORDER = (THIS, *PEERS, FLOOR)
-ALIASES = {"this": THIS, "floor": FLOOR, "hello": FLOOR}
+ORDER = (THIS, THIS_GRANIAN, *PEERS, FLOOR, FLOOR_GRANIAN)
+ALIASES = {"this": THIS, "this-granian": THIS_GRANIAN, "floor": FLOOR, "hello": FLOOR, "floor-granian": FLOOR_GRANIAN}
 
 # Per server, the route of each kind of request; a kind it does not take is absent.
 ROUTES = {
-    THIS: {"json": "/v1/models/cifar10:predict", "png": "/api/v1/predict", "v2": "/v2/models/cifar10/infer"},
-    "kserve": {"json": "/v1/models/cifar10:predict", "v2": "/v2/models/cifar10/infer"},
+    THIS: {"json": "/v1/models/cifar10:predict", "png": "/api/v1/predict", "v2": "/v2/models/cifar10/infer",
+           "grpc-tfs": "grpc", "grpc-v2": "grpc"},
+    "kserve": {"json": "/v1/models/cifar10:predict", "v2": "/v2/models/cifar10/infer", "grpc-v2": "grpc"},
     "bentoml": {"json": "/predict", "png": "/classify"},
     "litserve": {"json": "/predict", "png": "/predict"},
     # The floor answers a fixed JSON to any POST on /api/v1/predict after reading the body.
     FLOOR: {"json": "/api/v1/predict", "png": "/api/v1/predict"},
 }
+ROUTES[THIS_GRANIAN] = ROUTES[THIS]
+ROUTES[FLOOR_GRANIAN] = ROUTES[FLOOR]
+FLOORS = (FLOOR, FLOOR_GRANIAN)
 FLOOR_CELLS = ("json-1-c1", "json-1-c32", "png-1-c1", "png-1-c32")  # no model, so no 64-image cells
 
 VERSIONS = {"kserve": "KServe ModelServer", "bentoml": "BentoML", "litserve": "LitServe"}
@@ -80,8 +86,16 @@ def command(name, model_dir, port, grpc_port):
     if name == THIS:
         # Its defaults: gunicorn, 2 workers x 16 threads, LiteRT float; its gRPC server on (on a free port).
         return harness.serve_argv(model_dir, port, grpc_port), {}
+    if name == THIS_GRANIAN:  # the same, under SERVE_SERVER=granian (serve/granian_conf.py)
+        argv, _ = command(THIS, model_dir, port, grpc_port)
+        return argv, {"SERVE_SERVER": "granian"}
     if name == FLOOR:
         return harness.floor_argv(), {"HOST": "127.0.0.1", "PORT": str(port), "GRPC_PORT": "0", "MALLOC_ARENA_MAX": "2"}
+    if name == FLOOR_GRANIAN:  # granian as serve/granian_conf.py runs it: 2 workers x 16 blocking threads
+        argv = [sys.executable, "-m", "granian", "--interface", "wsgi", "--factory", "--no-ws", "--host", "127.0.0.1",
+                "--port", str(port), "--workers", "2", "--blocking-threads", "16", "--backpressure", "16",
+                harness.FLOOR_APP.removesuffix("()")]
+        return argv, {"MALLOC_ARENA_MAX": "2"}
     python = venv_python(name)
     if name == "kserve":
         return [python, os.path.join(HERE, "kserve_server.py"), "--model-dir", model_dir, "--http_port", str(port),

@@ -125,13 +125,15 @@ class Batcher:
             carry = None
             if first is None:
                 return
-            batch = [first]
-            # Take what is already waiting, never blocking.
-            size, carry, stop = self._gather(batch, len(first.images), deadline=None)
-            # Busy: the last batch was bigger than this one, so wait briefly for the rest.
-            if not stop and carry is None and size < self.max_batch and self.max_wait_s and last_size > size:
-                size, carry, stop = self._gather(batch, size, deadline=_now() + self.max_wait_s)
-            self._run(batch, size)
+            # The batch is gathered once the model is free, so every request that queued while it ran joins it.
+            with self._running:
+                batch = [first]
+                # Take what is already waiting, never blocking.
+                size, carry, stop = self._gather(batch, len(first.images), deadline=None)
+                # Busy: the last batch was bigger than this one, so wait briefly for the rest.
+                if not stop and carry is None and size < self.max_batch and self.max_wait_s and last_size > size:
+                    size, carry, stop = self._gather(batch, size, deadline=_now() + self.max_wait_s)
+                self._run(batch, size)
             last_size = size
             if stop:
                 return
@@ -173,9 +175,8 @@ class Batcher:
             size = sum(len(item.images) for item in batch)
             if not batch:
                 return
-        with self._running:
-            self._dequeued(batch)
-            self._run_locked(batch, size)
+        self._dequeued(batch)
+        self._run_locked(batch, size)
 
     def _dequeued(self, items):
         with self._counting:

@@ -77,7 +77,7 @@ def _decode_plain_jpeg(data):
     Plain: already 32x32, YCbCr or grey, no EXIF block (which may turn it) and no MPF block
     (an MPO, which Pillow names so), decoded without a single libjpeg warning (``strict``). Pillow
     and simplejpeg both run libjpeg-turbo with its defaults (accurate integer DCT, smooth chroma
-    upsampling), so the pixels are Pillow's (``tests/serve/test_serve_uploads.py`` checks).
+    upsampling), so the pixels are Pillow's (``tests/serve/core/test_decode.py`` checks).
     """
     if data[:3] != b"\xff\xd8\xff":
         return None

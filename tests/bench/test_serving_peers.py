@@ -77,13 +77,15 @@ def test_the_table_has_a_row_per_cell_a_server_answered_and_marks_what_went_wron
     ok = {"requests": 100, "requests_per_s": 10.0, "p50_ms": 1.5, "p99_ms": 4.0, "non_2xx": 0, "socket_errors": 0, "timeouts": 0}
     bad = dict(ok, timeouts=3, wrong="image 0: class 2, this project's model says 1")
     results = {
-        "a": {"cells": {"json-1-c1": ok, "json-64-c2": bad}, "rss_mb": 120.0},
+        "a": {"cells": {"json-1-c1": ok, "json-64-c2": bad}, "rss_mb": 120.0, "largest_process_mb": 70.0},
         "b": {"cells": {"json-1-c1": ok}},
     }
     lines = load.markdown(results, ["a", "b"]).splitlines()
     assert lines[0] == "| cell | a | b |"
     rows = {line.split(" | ")[0].lstrip("| "): line for line in lines[2:]}
-    assert set(rows) == {CELL["json-1-c1"].label, CELL["json-64-c2"].label, "resident memory, all processes after the run"}
+    assert set(rows) == {CELL["json-1-c1"].label, CELL["json-64-c2"].label, "resident memory, all processes after the run",
+                         "resident memory, largest process (a worker)"}
+    assert "| 70 MB | — |" in rows["resident memory, largest process (a worker)"]
     assert "1.50 / 4.00 ms" in rows[CELL["json-1-c1"].label]
     assert "640 img/s" in rows[CELL["json-64-c2"].label] and "3 timeouts" in rows[CELL["json-64-c2"].label]
     assert "wrong answer" in rows[CELL["json-64-c2"].label] and rows[CELL["json-64-c2"].label].endswith("| — |")

@@ -178,4 +178,7 @@ def test_the_tests_are_arranged_by_stage():
     stages = {"train", "export", "serve", "client", "deploy", "bench", "project"}
     flat = sorted(p.name for p in (ROOT / "tests").glob("test_*.py"))
     assert not flat, f"tests outside a stage folder: {flat}"
-    assert {p.parent.name for p in (ROOT / "tests").rglob("test_*.py")} <= stages
+    assert {p.relative_to(ROOT / "tests").parts[0] for p in (ROOT / "tests").rglob("test_*.py")} <= stages
+    # Within serve, the tests mirror the code: each folder of tests/serve/ is a package of serve/.
+    folders = {p.parent.relative_to(ROOT / "tests" / "serve") for p in (ROOT / "tests" / "serve").rglob("test_*.py")}
+    assert all((ROOT / "serve" / folder / "__init__.py").is_file() for folder in folders), sorted(map(str, folders))

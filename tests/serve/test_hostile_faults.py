@@ -21,6 +21,7 @@ import pytest
 from PIL import Image
 
 import contract
+import raw_http
 import synthetic
 from fake_backend import FakeBackend, make_app, published_manifest
 from live_server import start_server, stop_server
@@ -112,13 +113,7 @@ def _raw(url, request, timeout=30):
     host, port = url.removeprefix("http://").split(":")
     with socket.create_connection((host, int(port)), timeout=timeout) as sock:
         sock.sendall(request)
-        data = b""
-        try:
-            while chunk := sock.recv(65536):
-                data += chunk
-        except TimeoutError:
-            pass
-        return data
+        return raw_http.receive_all(sock, ended_by=TimeoutError)
 
 
 @pytest.mark.end_to_end

@@ -5,7 +5,7 @@ production, over answers computed from the pixels, so no test of the front end w
 as the local backend builds it (:meth:`ModelInfo.build`), from a real :class:`contract.published.Published`
 (:func:`published_manifest`) and the signature definitions that manifest lists, turned into TF Serving's
 JSON by the same code that reads a ``saved_model.pb`` (:func:`serve.signatures.signature_def_map_json`);
-``tests/serve/test_fake_backend.py`` checks both against the local backend over a real export.
+``tests/serve/core/test_fake_backend.py`` checks both against the local backend over a real export.
 
 The model: class ``c``'s logit is ``SCALE * (mean of channel c % 3) / 255`` plus ``version - 1`` for class
 ``(version - 1) % C`` (so versions answer differently), the probabilities its softmax, the
@@ -237,3 +237,22 @@ def make_app(backend=None, api_key=None, **settings):
 
     settings = {**APP_SETTINGS, **({"API_KEYS": api_key} if api_key else {}), **settings}
     return create_app(settings, backend=backend if backend is not None else FakeBackend())
+
+
+def probabilities_by_class(predictions):
+    """The JSON API's ``predictions`` as a table of probabilities: a row an image, a column a class id."""
+    table = np.full((len(predictions), len(synthetic.CLASS_NAMES)), np.nan, np.float32)
+    for row, prediction in enumerate(predictions):
+        for entry in prediction["top_k"]:
+            table[row, entry["class_id"]] = entry["probability"]
+    assert not np.isnan(table).any(), predictions
+    return table
+
+
+def api_probabilities(app, images, headers):
+    """``/api/v1/predict``'s probabilities for ``images`` sent as PNG uploads, by class id: what the other protocols
+    of the same app must answer."""
+    files = [(f"{i}.png", synthetic.encode(image)) for i, image in enumerate(images)]
+    response = app.test_client().post("/api/v1/predict", headers=headers, **synthetic.multipart(*files))
+    assert response.status_code == 200, response.get_json()
+    return probabilities_by_class(response.get_json()["predictions"])

@@ -1,4 +1,4 @@
-"""serve.security against real gunicorn servers: API keys, rate limits (in memory and in a real Redis
+"""serve.http.security against real gunicorn servers: API keys, rate limits (in memory and in a real Redis
 shared by two workers), CORS, security headers, ProxyFix; then the client's key, the settings' errors,
 and bandit over the shipped packages.
 
@@ -25,10 +25,12 @@ import pytest
 import requests
 from prometheus_client.parser import text_string_to_metric_families
 
+import raw_http
 import synthetic
+from fake_backend import FakeBackend
 from live_server import access_messages, free_port, live_server, start_server, stop_server  # noqa: F401  (live_server: a fixture)
 
-ROOT = pathlib.Path(__file__).resolve().parents[2]
+ROOT = pathlib.Path(__file__).resolve().parents[3]
 REDIS_SERVER = shutil.which("redis-server")
 CHROMIUM = "/usr/bin/chromium"
 
@@ -51,6 +53,15 @@ class Server(str):
     logs: pathlib.Path
 
 
+def _server(model_base, env, folder):
+    """A gunicorn server over ``model_base`` with ``env``, whose logs are in ``folder``, for a fixture to yield."""
+    process, url = start_server(model_base, env)
+    server = Server(url)
+    server.logs = folder
+    yield server
+    stop_server(process)
+
+
 @pytest.fixture(scope="module")
 def secured(model_base, tmp_path_factory):
     folder = tmp_path_factory.mktemp("secured")
@@ -69,11 +80,7 @@ def secured(model_base, tmp_path_factory):
         # Everything gunicorn and the app log, at the most talkative level, into files the last test reads.
         "GUNICORN_CMD_ARGS": f"--access-logfile {folder}/access.log --error-logfile {folder}/error.log --log-level debug",
     }
-    process, url = start_server(model_base, env)
-    server = Server(url)
-    server.logs = folder
-    yield server
-    stop_server(process)
+    yield from _server(model_base, env, folder)
 
 
 @pytest.fixture(scope="module")
@@ -115,11 +122,7 @@ def shared(model_base, redis_url, tmp_path_factory):
         # One line per request naming the worker (pid) that answered it.
         "GUNICORN_CMD_ARGS": f"--access-logfile {folder}/access.log --access-logformat '%(p)s %(s)s %(U)s'",
     }
-    process, url = start_server(model_base, env)
-    server = Server(url)
-    server.logs = folder
-    yield server
-    stop_server(process)
+    yield from _server(model_base, env, folder)
 
 
 # -- helpers --------------------------------------------------------------------------------
@@ -307,7 +310,7 @@ def test_wrong_key_is_401_invalid_token(secured, how):
     for path in ("/api/v1/model", "/v1/models/cifar10"):
         response = call(f"{secured}{path}", key=wrong, how=how, address=fresh_address())
         assert response.status_code == 401
-        # The error and the request's id (serve/logs.py), nothing else: no word of which key was near.
+        # The error and the request's id (serve/telemetry/logs.py), nothing else: no word of which key was near.
         assert response.json() == {"error": "the API key is not valid", "request_id": response.headers["X-Request-Id"]}
         assert 'error="invalid_token"' in response.headers["WWW-Authenticate"]
 
@@ -438,19 +441,12 @@ def test_a_refused_body_leaves_the_connection_usable(secured, size):
 
 def _read_response(sock):
     """One whole HTTP/1.1 response with a Content-Length (b"" if the server closed the connection)."""
-    data = b""
-    while b"\r\n\r\n" not in data:
-        chunk = sock.recv(65536)
-        if not chunk:
-            return data
-        data += chunk
+    data = raw_http.receive_until(sock, lambda data: b"\r\n\r\n" in data)
+    if b"\r\n\r\n" not in data:
+        return data
     head, _, rest = data.partition(b"\r\n\r\n")
     length = int(re.search(rb"(?i)content-length: *(\d+)", head).group(1))
-    while len(rest) < length:
-        chunk = sock.recv(65536)
-        if not chunk:
-            break
-        rest += chunk
+    rest = raw_http.receive_until(sock, lambda rest: len(rest) >= length, rest)
     return head + b"\r\n\r\n" + rest
 
 
@@ -704,6 +700,16 @@ def test_form_can_be_left_open_while_the_api_needs_a_key():
     client = app.test_client()
     assert client.get("/").status_code == 200
     assert client.get("/api/v1/model").status_code == 401
+
+
+def test_metrics_take_the_api_keys_when_they_have_none_of_their_own():
+    from serve import create_app
+
+    client = create_app({"MODEL_NAME": "cifar10", "API_KEYS": "k"}, backend=FakeBackend()).test_client()
+    assert client.get("/metrics").status_code == 401
+    assert client.get("/metrics", headers={"X-API-Key": "k"}).status_code == 200
+    open_server = create_app({"MODEL_NAME": "cifar10"}, backend=FakeBackend()).test_client()
+    assert open_server.get("/metrics").status_code == 200  # no keys at all: open, as before
 
 
 # -- static analysis ---------------------------------------------------------------------------

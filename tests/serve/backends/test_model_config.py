@@ -1,4 +1,4 @@
-"""Several versions and their labels from TF Serving's model config file (serve/model_config.py, read by the
+"""Several versions and their labels from TF Serving's model config file (serve/backends/model_config.py, read by the
 local backend): two versions of ``model_base`` served with ``specific``, labels ``stable`` -> 1 and ``canary``
 -> 2, answered by TF Serving's REST API, its gRPC API (``tensorflow-serving-api``'s own stubs) and the Open
 Inference Protocol over HTTP and gRPC (``tritonclient``); a label moved in the file moves the traffic
@@ -18,7 +18,6 @@ import tritonclient.grpc as triton
 from tritonclient.utils import InferenceServerException
 
 import contract
-import grpc_servers
 import synthetic
 from tensorflow_serving.apis import (get_model_status_pb2, model_service_pb2_grpc, predict_pb2,  # TF Serving's own stubs
                                      prediction_service_pb2_grpc)
@@ -70,19 +69,6 @@ def app(config_file):
     app.extensions["serve.backend"].wait_loaded()
     yield app
     app.extensions["serve.backend"].close()
-
-
-@pytest.fixture(scope="module")
-def target(app):
-    with grpc_servers.serving(app) as target:
-        yield target
-
-
-@pytest.fixture(scope="module")
-def channel(target):
-    channel = grpc.insecure_channel(target)
-    yield channel
-    channel.close()
 
 
 @pytest.fixture(scope="module")

@@ -1,7 +1,7 @@
 """Hostile input without the API key, against an app with keys on (the form too): every request is a 401,
 refused before its body is read.
 
-The in-process hostile tests themselves (test_serve_api, test_serve_uploads, test_hostile) run a second
+The in-process hostile tests themselves (test_serve_api, test_multipart, test_hostile) run a second
 time with keys on and the key sent (tests/serve/conftest.py's ``api_key``), and must get the answers they
 get without keys.
 """
@@ -12,6 +12,7 @@ import pytest
 
 from fake_backend import make_app
 
+SERVE_TESTS = pathlib.Path(__file__).parents[1]
 KEY = "hostile-input-test-key"
 
 
@@ -45,7 +46,8 @@ def test_without_the_key_hostile_input_is_401_unread(keyless, monkeypatch, path,
 
 
 def test_the_keyed_modules_are_there(request):
-    """Guards the second run: renaming or moving those modules must not end it quietly."""
-    modules = request.config.pluginmanager.getplugin(str(pathlib.Path(__file__).with_name("conftest.py")))
+    """Guards the second run: renaming those modules must not end it quietly (a module is keyed by its name, in any
+    folder of tests/serve)."""
+    modules = request.config.pluginmanager.getplugin(str(SERVE_TESTS / "conftest.py"))
     for name in modules.KEYED_MODULES:
-        assert pathlib.Path(__file__).with_name(f"{name}.py").exists(), name
+        assert len(list(SERVE_TESTS.rglob(f"{name}.py"))) == 1, name

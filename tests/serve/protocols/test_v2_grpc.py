@@ -1,6 +1,6 @@
 """The Open Inference Protocol over gRPC (serve/protocols/v2_grpc.py), called with ``tritonclient.grpc``
 unchanged (and Triton's own generated stub where a test needs typed contents, which tritonclient never
-sends), on the server ``tfserving_grpc.make_server`` starts in-process over an app of the fake backend: the
+sends), on the server ``serve.grpc.server.make_server`` starts in-process over an app of the fake backend: the
 port that also serves TF Serving's gRPC API and health."""
 
 import grpc
@@ -11,9 +11,8 @@ from tritonclient.grpc import service_pb2, service_pb2_grpc
 from tritonclient.utils import InferenceServerException
 
 import contract
-import grpc_servers
 import synthetic
-from fake_backend import make_app
+from fake_backend import api_probabilities, make_app
 from tfs_protos import tensors
 from tfs_protos.grpc_health.v1 import health_pb2, health_pb2_grpc
 from tfs_protos.tensorflow_serving.apis import predict_pb2, prediction_service_pb2_grpc
@@ -28,14 +27,8 @@ DEADLINE_S = 60.0
 
 @pytest.fixture(scope="module")
 def app():
-    """The app over the fake backend with API keys on and an 8-image cap (as tests/serve/test_grpc.py's)."""
+    """The app over the fake backend with API keys on and an 8-image cap (as tests/serve/grpc/test_grpc.py's)."""
     return make_app(MODEL_NAME=MODEL, API_KEYS=KEY, MAX_IMAGES=MAX_IMAGES)
-
-
-@pytest.fixture(scope="module")
-def target(app):
-    with grpc_servers.serving(app) as target:
-        yield target
 
 
 @pytest.fixture(scope="module")
@@ -53,16 +46,7 @@ def images():
 @pytest.fixture(scope="module")
 def expected(app, images):
     """``/api/v1/predict``'s probabilities for ``images`` (by class id), as PNG uploads."""
-    response = app.test_client().post("/api/v1/predict", headers=HEADERS,
-                                      **synthetic.multipart(*[(f"{i}.png", synthetic.encode(image)) for i, image in enumerate(images)]))
-    assert response.status_code == 200, response.get_json()
-    predictions = response.get_json()["predictions"]
-    table = np.full((len(predictions), len(synthetic.CLASS_NAMES)), np.nan, np.float32)
-    for row, prediction in enumerate(predictions):
-        for entry in prediction["top_k"]:
-            table[row, entry["class_id"]] = entry["probability"]
-    assert not np.isnan(table).any(), predictions
-    return table
+    return api_probabilities(app, images, HEADERS)
 
 
 def pixels_input(pixels, datatype="UINT8"):

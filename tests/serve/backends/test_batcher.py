@@ -3,7 +3,9 @@
 import threading
 
 import numpy as np
+import pytest
 
+from batching import Gate, count_queued
 from serve.backends.batcher import Batcher
 
 DEADLINE_S = 60  # how long a step may take on a loaded machine before the test calls it stuck
@@ -13,37 +15,10 @@ def _identity(images):
     return {"echo": images.copy(), "sum": images.reshape(len(images), -1).sum(axis=1)}
 
 
-class _Gate:
-    """A model that holds every call until it is opened: requests queue behind a running call for sure."""
-
-    def __init__(self):
-        self.entered = threading.Event()
-        self.opened = threading.Event()
-
-    def __call__(self, images):
-        self.entered.set()
-        assert self.opened.wait(DEADLINE_S), "the gate was never opened"
-        return _identity(images)
-
-
-def _count_queued(batcher):
-    """Wrap the batcher's queue so the test can wait until a number of requests are in it."""
-    queued = threading.Semaphore(0)
-    put = batcher._queue.put
-
-    def counting_put(item, *args, **kwargs):
-        put(item, *args, **kwargs)
-        if item is not None:
-            queued.release()
-
-    batcher._queue.put = counting_put
-    return queued
-
-
 def test_every_request_gets_its_own_rows_and_batches_stay_bounded():
-    gate = _Gate()
+    gate = Gate(_identity)
     batcher = Batcher(gate, max_batch=8, max_wait_s=0.005)
-    queued = _count_queued(batcher)
+    queued = count_queued(batcher)
     results, errors = {}, []
 
     def client(i, n):
@@ -111,3 +86,75 @@ def test_a_failing_batch_fails_its_requests_and_the_batcher_carries_on():
         raise AssertionError("the error reached the caller")
     assert batcher.submit(np.ones((2, 2, 2, 3), np.uint8))["echo"].shape == (2, 2, 2, 3)
     batcher.close()
+
+
+def test_requests_that_queue_while_the_model_runs_share_its_next_call():
+    """The next batch is gathered when the model is free, not when its first request arrived: none is left behind."""
+    gate = Gate(_identity)
+    batcher = Batcher(gate, max_batch=32, max_wait_s=0.0)
+    queued = count_queued(batcher)
+    threads = [threading.Thread(target=batcher.submit, args=(np.full((1, 2, 2, 3), i, np.uint8),)) for i in range(7)]
+    threads[0].start()  # runs inline, held by the gate
+    assert gate.entered.wait(DEADLINE_S)
+    for t in threads[1:]:
+        t.start()
+    for _ in range(6):
+        assert queued.acquire(timeout=DEADLINE_S), "a request never reached the queue"
+    gate.opened.set()
+    for t in threads:
+        t.join(timeout=DEADLINE_S)
+    batcher.close()
+    assert dict(batcher.batch_sizes) == {1: 1, 6: 1}
+
+
+# -- no model call over max_batch ---------------------------------------------------
+
+
+def test_a_request_larger_than_max_batch_is_run_in_parts_of_at_most_max_batch():
+    calls = []
+
+    def model(images):
+        calls.append(len(images))
+        return {"sum": images.reshape(len(images), -1).sum(axis=1)}
+
+    batcher = Batcher(model, max_batch=4, max_wait_s=0)
+    try:
+        images = np.arange(10 * 3, dtype=np.uint8).reshape(10, 3)
+        out = batcher.submit(images)
+        assert max(calls) <= 4 and sum(calls) == 10
+        np.testing.assert_array_equal(out["sum"], images.sum(axis=1))  # in order
+        assert all(size <= 4 for size in batcher.batch_sizes)
+    finally:
+        batcher.close()
+
+
+def test_a_failing_part_fails_the_whole_request():
+    def model(images):
+        if images[0, 0] >= 4:
+            raise RuntimeError("the second part broke")
+        return {"x": images}
+
+    batcher = Batcher(model, max_batch=4, max_wait_s=0)
+    try:
+        with pytest.raises(RuntimeError, match="second part"):
+            batcher.submit(np.arange(8, dtype=np.uint8).reshape(8, 1))
+    finally:
+        batcher.close()
+
+
+@pytest.mark.end_to_end
+def test_the_local_backend_never_calls_the_model_with_more_than_max_batch(model_base):
+    from serve import create_app
+
+    app = create_app({"TESTING": True, "MODEL_DIR": str(model_base), "MODEL_NAME": "cifar10", "MAX_BATCH": 8})
+    backend = app.extensions["serve.backend"]
+    backend.wait_loaded()
+    try:
+        images = np.random.default_rng(0).integers(0, 256, (50, 32, 32, 3), dtype=np.uint8)
+        response = app.test_client().post("/v1/models/cifar10:predict", json={"instances": images.tolist()})
+        assert response.status_code == 200 and len(response.get_json()["predictions"]) == 50
+        assert max(backend.batch_sizes) <= 8
+        whole = app.test_client().post("/v1/models/cifar10:predict", json={"instances": images[:8].tolist()})
+        assert [p["class_ids"] for p in response.get_json()["predictions"][:8]] == [p["class_ids"] for p in whole.get_json()["predictions"]]
+    finally:
+        backend.close()

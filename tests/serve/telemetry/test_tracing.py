@@ -1,4 +1,4 @@
-"""OpenTelemetry traces (serve/tracing.py): a span per request on every protocol, child spans for the stages with
+"""OpenTelemetry traces (serve/telemetry/tracing.py): a span per request on every protocol, child spans for the stages with
 the right parents, the caller's ``traceparent`` honoured and passed on to TF Serving, nothing when off, and
 ``OTEL_TRACES_EXPORTER=console`` printing the spans of one request from a real server."""
 
@@ -17,6 +17,7 @@ from opentelemetry.trace import SpanKind
 
 import contract
 import synthetic
+from batching import Gate, count_queued
 from live_server import free_port, start_server, stop_server
 from tfs_protos import tensors
 from tfs_protos.tensorflow_serving.apis import predict_pb2, prediction_service_pb2_grpc
@@ -230,34 +231,13 @@ def test_with_traces_off_nothing_is_recorded_or_passed_on(model_base, memory, sp
 # -- the batcher: a request that waited, and a batch run for several ------------------------
 
 
-class _Gate:
-    """A model that holds its first call until it is opened, so the next requests queue behind it."""
-
-    def __init__(self):
-        self.entered = threading.Event()
-        self.opened = threading.Event()
-
-    def __call__(self, images):
-        self.entered.set()
-        assert self.opened.wait(DEADLINE_S), "the gate was never opened"
-        return {"echo": images.copy()}
-
-
 @pytest.mark.end_to_end
 def test_a_queued_request_records_its_wait_and_the_batch_span_names_every_request(traced, memory, spans):
     from serve.backends.batcher import Batcher
 
-    gate = _Gate()
+    gate = Gate(lambda images: {"echo": images.copy()})  # holds the first call, so the next requests queue behind it
     batcher = Batcher(gate, max_batch=8, max_wait_s=0)
-    queued = threading.Semaphore(0)
-    put = batcher._queue.put
-
-    def counting_put(item, *args, **kwargs):
-        put(item, *args, **kwargs)
-        if item is not None:
-            queued.release()
-
-    batcher._queue.put = counting_put
+    queued = count_queued(batcher)
     tracer = memory[0].get_tracer("test")
     errors = []
 

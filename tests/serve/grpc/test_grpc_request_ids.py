@@ -1,9 +1,7 @@
-"""Request ids over gRPC (serve/protocols/grpc_calls.py): the caller's ``x-request-id`` metadata or a new id, sent
+"""Request ids over gRPC (serve/grpc/interceptors.py): the caller's ``x-request-id`` metadata or a new id, sent
 back in the initial metadata of every answer and refusal, and one JSON ``serve.access`` line a call."""
 
-import io
 import json
-import logging
 import re
 
 import grpc
@@ -34,20 +32,6 @@ def served():
 @pytest.fixture(scope="module")
 def channel(served):
     return served[1]
-
-
-@pytest.fixture()
-def access_lines():
-    """The JSON lines the ``serve.access`` logger writes while the test runs."""
-    from serve.telemetry import logs
-
-    stream = io.StringIO()
-    handler = logging.StreamHandler(stream)
-    handler.setFormatter(logs.formatter("json"))
-    handler.addFilter(logs.RequestIdFilter())
-    logging.getLogger("serve.access").addHandler(handler)
-    yield lambda: [json.loads(line) for line in stream.getvalue().splitlines()]
-    logging.getLogger("serve.access").removeHandler(handler)
 
 
 def _predict(n=2, name="cifar10"):

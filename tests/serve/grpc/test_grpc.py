@@ -23,7 +23,7 @@ from tensorflow_serving.apis import (
 import contract
 import grpc_servers
 import synthetic
-from fake_backend import make_app
+from fake_backend import api_probabilities, make_app, probabilities_by_class
 from live_server import free_port, start_server, stop_server
 from tfs_protos.grpc_health.v1 import health_pb2, health_pb2_grpc
 
@@ -32,25 +32,13 @@ MAX_IMAGES = 8
 #: Seconds a call may take before the test gives up on it: generous, this is no timing test.
 DEADLINE_S = 60
 WITH_KEY = (("x-api-key", KEY),)
+HEADERS = {"X-API-Key": KEY}  # the same key, on the JSON API
 
 
 @pytest.fixture(scope="module")
 def app():
     """An app over the fake backend with API keys on, an 8-image cap and a 1 MiB message limit."""
     return make_app(API_KEYS=KEY, MAX_IMAGES=MAX_IMAGES)
-
-
-@pytest.fixture(scope="module")
-def target(app):
-    with grpc_servers.serving(app) as target:
-        yield target
-
-
-@pytest.fixture(scope="module")
-def channel(target):
-    channel = grpc.insecure_channel(target)
-    yield channel
-    channel.close()
 
 
 @pytest.fixture(scope="module")
@@ -72,30 +60,6 @@ def pixels_request(pixels, version=None, name="cifar10", **spec):
         request.model_spec.version.value = version
     request.inputs[contract.INPUT_PIXELS].CopyFrom(tf.make_tensor_proto(pixels))
     return request
-
-
-def api_probabilities(app, images):
-    """``/api/v1/predict``'s probabilities for ``images`` (by class id), as PNG uploads."""
-    files = [("file", (f"{i}.png", synthetic.encode(image), "image/png")) for i, image in enumerate(images)]
-    body, content_type = _multipart(files)
-    response = app.test_client().post("/api/v1/predict", data=body, content_type=content_type, headers={"X-API-Key": KEY})
-    assert response.status_code == 200, response.get_json()
-    return _by_class(response.get_json()["predictions"])
-
-
-def _multipart(files):
-    from urllib3.filepost import encode_multipart_formdata
-
-    return encode_multipart_formdata(files)
-
-
-def _by_class(predictions):
-    table = np.full((len(predictions), len(synthetic.CLASS_NAMES)), np.nan, np.float32)
-    for row, prediction in enumerate(predictions):
-        for entry in prediction["top_k"]:
-            table[row, entry["class_id"]] = entry["probability"]
-    assert not np.isnan(table).any(), predictions
-    return table
 
 
 def code_of(call, *args, **kwargs):
@@ -121,12 +85,12 @@ def test_predict_gives_the_probabilities_of_the_json_api(app, predict_stub, imag
     assert response.model_spec.signature_name == contract.SIGNATURE_PIXELS
     probabilities = tf.make_ndarray(response.outputs[contract.OUTPUT_PROBABILITIES])
     assert probabilities.dtype == np.float32
-    np.testing.assert_allclose(probabilities, api_probabilities(app, images), atol=1e-6)
+    np.testing.assert_allclose(probabilities, api_probabilities(app, images, HEADERS), atol=1e-6)
     assert tf.make_ndarray(response.outputs[contract.OUTPUT_CLASS_IDS]).tolist() == probabilities.argmax(axis=1).tolist()
 
 
 def test_predict_reads_typed_values_and_encoded_images_alike(app, predict_stub, images):
-    expected = api_probabilities(app, images)
+    expected = api_probabilities(app, images, HEADERS)
     typed = pixels_request(images)
     typed.inputs[contract.INPUT_PIXELS].ClearField("tensor_content")
     typed.inputs[contract.INPUT_PIXELS].int_val.extend(images.reshape(-1).tolist())
@@ -163,7 +127,7 @@ def test_classify_ranks_every_class_of_each_example(app, predict_stub, images):
         example.features.feature[contract.INPUT_BYTES].bytes_list.value.append(synthetic.encode(image))
     response = predict_stub.Classify(request, metadata=WITH_KEY, timeout=DEADLINE_S)
     assert response.model_spec.version.value == 1
-    expected = api_probabilities(app, images)
+    expected = api_probabilities(app, images, HEADERS)
     assert len(response.result.classifications) == len(images)
     for row, classification in zip(expected, response.result.classifications):
         scores = {c.label: c.score for c in classification.classes}
@@ -403,7 +367,7 @@ def test_every_gunicorn_worker_serves_grpc_on_one_port(model_base, images):
         files = [("file", (f"{i}.png", synthetic.encode(image), "image/png")) for i, image in enumerate(images)]
         answer = requests.post(f"{url}/api/v1/predict", files=files, headers={"X-API-Key": KEY}, timeout=DEADLINE_S)
         assert answer.status_code == 200, answer.text
-        expected = _by_class(answer.json()["predictions"])
+        expected = probabilities_by_class(answer.json()["predictions"])
         # New channels land on either worker (SO_REUSEPORT): every one answers alike.
         for _ in range(4):
             with grpc.insecure_channel(f"127.0.0.1:{grpc_port}", options=[("grpc.use_local_subchannel_pool", 1)]) as channel:

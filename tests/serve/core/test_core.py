@@ -1,8 +1,8 @@
 """The core alone: the service built directly over the fake backend, and the gate, with no app, no HTTP and no gRPC.
 
-Every refusal of the one request path is here once (the doors' spellings of them are tests/serve/test_guards.py's):
-deadlines, shedding, routing, signatures, inputs, outputs, encoded images one by one or all at once, and who
-may call how often.
+Every refusal of the one request path is here once (the doors' spellings of them are
+tests/serve/protocols/test_guards.py's): deadlines, shedding, routing, signatures, inputs, outputs, encoded images
+one by one or all at once, and who may call how often.
 """
 
 import threading

@@ -19,20 +19,6 @@ def keyed():
     return make_app(API_KEYS=KEY)
 
 
-@pytest.fixture()
-def access_lines():
-    """The JSON lines the ``serve.access`` logger writes while the test runs."""
-    from serve.telemetry import logs
-
-    stream = io.StringIO()
-    handler = logging.StreamHandler(stream)
-    handler.setFormatter(logs.formatter("json"))
-    handler.addFilter(logs.RequestIdFilter())
-    logging.getLogger("serve.access").addHandler(handler)
-    yield lambda: [json.loads(line) for line in stream.getvalue().splitlines()]
-    logging.getLogger("serve.access").removeHandler(handler)
-
-
 def _png_b64():
     return base64.b64encode(synthetic.encode(synthetic.make_images(1)[0][0])).decode()
 
