@@ -58,7 +58,7 @@ else:
 
 # glibc gives every thread that allocates its own malloc arena (up to 8 per core): under a
 # minute of mixed uploads from 64 clients the workers' resident memory grew by a third and was
-# still creeping after two minutes; with two arenas it grew 5% and levelled off (bench/soak.py,
+# still creeping after two minutes; with two arenas it grew 5% and levelled off (bench/serving/soak.py,
 # docs/benchmarks.md). glibc reads MALLOC_ARENA_MAX from the environment when a process starts,
 # before any Python runs, so it is set where the process is started: `python -m serve` sets 2
 # unless it is given, and so does the image. Here it can only be noticed missing.

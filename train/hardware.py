@@ -115,7 +115,7 @@ def prepare_environment(backend, environ=None, pci_root=PCI_DEVICES):
     quiet_tensorflow(env, pci_root)
     # TensorFlow turns its oneDNN kernels on by itself only on CPUs with AVX-512; on an AVX2 CPU its
     # own convolution gradients made airbench's step take 13.4 s against 6.6 s with oneDNN
-    # (bench/airbench_step_profile.py, docs/benchmarks.md). TF_ENABLE_ONEDNN_OPTS=0 still turns it off.
+    # (docs/benchmarks.md). TF_ENABLE_ONEDNN_OPTS=0 still turns it off.
     env.setdefault("TF_ENABLE_ONEDNN_OPTS", "1")
     on_tpu = tpu_chips(pci_root) > 0
     if backend == "jax" and not on_tpu and "JAX_PLATFORMS" not in env:

@@ -66,7 +66,7 @@ def default_threads():
 
     A lone request then has the idle cores to itself; under load the batcher's batches keep the
     calls few. On the 2-core benchmark machine, two threads a call answered single images at c=1
-    about 1 ms sooner than one thread a worker, and no slower at c=32 (``bench/serving.py
+    about 1 ms sooner than one thread a worker, and no slower at c=32 (``python -m bench.serving.speed
     --servers litert,litert@1``; docs/benchmarks.md). Where a CPU limit caps the process below
     the cores it sees (a container), set ``SERVE_RUNTIME_THREADS`` to fit the limit instead.
     """
