@@ -108,6 +108,78 @@ def limit_line(limit):
             f"64 images a call {b64['images_per_s']:,.0f} img/s")
 
 
+#: The bare model's figure quoted beside each cell's (None: none is comparable).
+LIMIT_OF = {"c1": ("batch_1", "p50_ms"), "c32": None, "c2": ("batch_64", "images_per_s")}
+
+
+def record_table(results, names, headers, limit):
+    """The record's ``table``: a row per cell and figure, a column per server, then the bare model's limit."""
+    metrics = (("p50 (ms)", "p50_ms", 1, "{:.2f}"), ("p99 (ms)", "p99_ms", 1, "{:.1f}"))
+    rows = []
+    for cell in load.CELLS:
+        got = [results.get(n, {}).get("cells", {}).get(cell.key) for n in names]
+        if not any(got):
+            continue
+        if cell.connections == 1:
+            figures = metrics
+        else:
+            per = "images/s" if cell.images > 1 else "requests/s"
+            figures = ((per, "requests_per_s", cell.images, "{:,.0f}"), metrics[1])
+        for label, key, scale, fmt in figures:
+            bare = LIMIT_OF[f"c{cell.connections}"]
+            bare = fmt.format(limit[bare[0]][bare[1]]) if bare and key != "p99_ms" and (cell.images > 1) == (bare[0] != "batch_1") else None
+            row = [f"{cell.label}: {label}"]
+            for r in got:
+                bad = r and (load.errors(r) or r.get("wrong"))
+                row.append(None if not r or not r.get("requests") else fmt.format(r[key] * scale) + (" (errors)" if bad else ""))
+            rows.append(row + [bare])
+    for label, key in (("resident memory, all processes (MB)", "rss_mb"), ("resident memory, largest process (MB)", "largest_process_mb")):
+        rows.append([label] + [f"{results[n][key]:,.0f}" if results.get(n, {}).get(key) else None for n in names] + [None])
+    return {"columns": ["cell", *headers, "bare model (the limit)"], "rows": rows}
+
+
+def record_targets(results, limit, model):
+    """Issue 56's targets for the default server (gunicorn), against the best peer that answered each cell."""
+    def cell(name, key):
+        row = results.get(name, {}).get("cells", {}).get(key)
+        return row if row and row.get("requests") else None
+
+    peers = [n for n in servers.PEERS if n in results]
+    targets = []
+    ours = cell(servers.THIS, "json-1-c32")
+    best = max((cell(n, "json-1-c32")["requests_per_s"] for n in peers if cell(n, "json-1-c32")), default=None)
+    if ours and best:
+        targets.append({"target": f"{model}, 1 image, c=32: ≥ 1.5x the best peer's requests/s", "measured": ours["requests_per_s"] / best,
+                        "at_least": 1.5, "format": "{:.2f}x"})
+    ours = cell(servers.THIS, "json-1-c1")
+    best = min((cell(n, "json-1-c1")["p50_ms"] for n in peers if cell(n, "json-1-c1")), default=None)
+    if ours and best:
+        targets.append({"target": f"{model}, 1 image, c=1: p50 ≤ 0.8x the best peer's", "measured": ours["p50_ms"] / best,
+                        "at_most": 0.8, "format": "{:.2f}x"})
+    floor = cell(servers.FLOOR, "json-1-c1")
+    if ours and floor:
+        over = ours["p50_ms"] - floor["p50_ms"] - limit["batch_1"]["p50_ms"]
+        targets.append({"target": f"{model}, 1 image, c=1: p50 ≤ the floor's + the bare model's call + 0.5 ms", "measured": over,
+                        "at_most": 0.5, "format": "{:+.2f} ms"})
+    ours = cell(servers.THIS, "json-64-c2")
+    best = max((cell(n, "json-64-c2")["requests_per_s"] for n in peers if cell(n, "json-64-c2")), default=None)
+    if ours and best:
+        targets.append({"target": f"{model}, 64 images a request over JSON: ≥ 2x the best peer", "measured": ours["requests_per_s"] / best,
+                        "at_least": 2.0, "format": "{:.2f}x"})
+    for key, what in (("grpc-tfs-64-c2", "TF Serving gRPC"), ("grpc-v2-64-c2", "v2 gRPC")):
+        ours = cell(servers.THIS, key)
+        if ours:
+            targets.append({"target": f"{model}, 64 images over {what}: ≥ 0.8x the bare model's batch-64 images/s",
+                            "measured": ours["requests_per_s"] * 64 / limit["batch_64"]["images_per_s"], "at_least": 0.8,
+                            "format": "{:.2f}x"})
+    ours = results.get(servers.THIS, {}).get("cells", {})
+    if ours:
+        bad = sum(1 for row in ours.values() if load.errors(row) or row.get("wrong"))
+        targets.append({"target": f"{model}: cells with an error, a timeout or a wrong answer", "measured": bad, "at_most": 0,
+                        "format": "{:d}"})
+    return targets
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--only", default="this,kserve,bentoml,litserve,floor", help="servers to run, comma-separated (default: all)")
@@ -156,8 +228,11 @@ def main(argv=None):
     for n, why in failed.items():
         print(f"{n} failed: {why}")
     os.makedirs(os.path.dirname(os.path.abspath(args.json)), exist_ok=True)
-    record.write(args.json, {"model_dir": model_dir, "duration_s": args.duration, "warmup_s": args.warmup, "rounds": args.rounds,
-                             "versions": versions, "servers": results, "bare_model": limit, "bare_model_rounds": limits},
+    model = args.model_dir or f"{args.architecture} (synthetic, 1 epoch)"
+    record.write(args.json, {"model": model, "duration_s": args.duration, "warmup_s": args.warmup, "rounds": args.rounds,
+                             "versions": versions, "servers": results, "bare_model": limit, "bare_model_rounds": limits,
+                             "table": record_table(results, names, headers, limit),
+                             "targets": record_targets(results, limit, args.model_dir or args.architecture)},
                  __spec__.name, argv)
     return 1 if failed else 0
 
