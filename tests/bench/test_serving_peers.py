@@ -105,3 +105,32 @@ def test_rounds_combine_into_medians_with_every_error_and_wrong_answer_kept():
     assert (cell["requests"], cell["non_2xx"], cell["wrong"]) == (30, 2, "image 0")
     assert (a["rss_mb"], a["load_average"], a["failed"]) == (110.0, [1.0, 3.0, 2.0], "RuntimeError: x")
     assert "1.0, 3.0, 2.0" in load.markdown({"a": a}, ["a"])
+
+
+def test_the_record_holds_issue_56s_targets_against_the_best_peer_and_the_bare_model():
+    from bench.peers import __main__ as peers
+
+    def row(rate, p50):
+        return {"requests": 100, "requests_per_s": rate, "p50_ms": p50, "p99_ms": 2 * p50, "non_2xx": 0, "socket_errors": 0,
+                "timeouts": 0}
+
+    results = {
+        "this project": {"cells": {"json-1-c32": row(900, 30), "json-1-c1": row(500, 1.2), "json-64-c2": row(40, 50),
+                                   "grpc-tfs-64-c2": row(50, 40)}},
+        "kserve": {"cells": {"json-1-c32": row(600, 50), "json-1-c1": row(600, 1.5), "json-64-c2": row(10, 200)}},
+        "bentoml": {"cells": {"json-1-c32": row(300, 90), "json-1-c1": row(100, 1.0)}},
+        "hello-world floor": {"cells": {"json-1-c1": row(3000, 0.3)}},
+    }
+    limit = {"batch_1": {"p50_ms": 0.5, "images_per_s": 2000}, "batch_64": {"p50_ms": 16, "images_per_s": 4000}}
+    targets = {t["target"].removeprefix("seed_cnn").lstrip(",: "): t for t in peers.record_targets(results, limit, "seed_cnn")}
+    assert targets["1 image, c=32: ≥ 1.5x the best peer's requests/s"]["measured"] == 1.5  # 900 against KServe's 600
+    assert targets["1 image, c=1: p50 ≤ 0.8x the best peer's"]["measured"] == 1.2  # against BentoML's 1.0 ms
+    assert abs(targets["1 image, c=1: p50 ≤ the floor's + the bare model's call + 0.5 ms"]["measured"] - 0.4) < 1e-9
+    assert targets["64 images a request over JSON: ≥ 2x the best peer"]["measured"] == 4.0
+    assert targets["64 images over TF Serving gRPC: ≥ 0.8x the bare model's batch-64 images/s"]["measured"] == 0.8
+    assert targets["cells with an error, a timeout or a wrong answer"]["measured"] == 0
+    table = peers.record_table(results, list(results), list(results), limit)
+    assert table["columns"][-1] == "bare model (the limit)"
+    rows = {r[0]: r for r in table["rows"]}
+    assert rows["JSON `instances`, 1 image, c=1: p50 (ms)"][-1] == "0.50"
+    assert rows["JSON `instances`, 64 images, c=2: images/s"][1:3] == ["2,560", "640"] and rows["JSON `instances`, 64 images, c=2: images/s"][-1] == "4,000"

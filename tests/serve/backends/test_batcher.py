@@ -15,6 +15,21 @@ def _identity(images):
     return {"echo": images.copy(), "sum": images.reshape(len(images), -1).sum(axis=1)}
 
 
+def _behind_a_held_call(gate, batcher, queued, threads):
+    """Run ``threads`` (each submits once): the first finds the batcher idle and runs inline, where the gate holds it,
+    so all the others queue behind it, whatever the machine's load; then the gate opens and the batcher closes."""
+    threads[0].start()
+    assert gate.entered.wait(DEADLINE_S)
+    for t in threads[1:]:
+        t.start()
+    for _ in threads[1:]:
+        assert queued.acquire(timeout=DEADLINE_S), "a request never reached the queue"
+    gate.opened.set()
+    for t in threads:
+        t.join(timeout=DEADLINE_S)
+    batcher.close()
+
+
 def test_every_request_gets_its_own_rows_and_batches_stay_bounded():
     gate = Gate(_identity)
     batcher = Batcher(gate, max_batch=8, max_wait_s=0.005)
@@ -28,19 +43,7 @@ def test_every_request_gets_its_own_rows_and_batches_stay_bounded():
         except Exception as e:  # noqa: BLE001 - collected and asserted below
             errors.append(e)
 
-    threads = [threading.Thread(target=client, args=(i, 1 + i % 3)) for i in range(40)]
-    # The first request finds the batcher idle and runs inline; the gate holds it there...
-    threads[0].start()
-    assert gate.entered.wait(DEADLINE_S)
-    # ...so the 39 others all queue behind it, whatever the machine's load.
-    for t in threads[1:]:
-        t.start()
-    for _ in range(39):
-        assert queued.acquire(timeout=DEADLINE_S), "a request never reached the queue"
-    gate.opened.set()
-    for t in threads:
-        t.join(timeout=DEADLINE_S)
-    batcher.close()
+    _behind_a_held_call(gate, batcher, queued, [threading.Thread(target=client, args=(i, 1 + i % 3)) for i in range(40)])
     assert not errors
     for i in range(40):
         n = 1 + i % 3
@@ -93,17 +96,8 @@ def test_requests_that_queue_while_the_model_runs_share_its_next_call():
     gate = Gate(_identity)
     batcher = Batcher(gate, max_batch=32, max_wait_s=0.0)
     queued = count_queued(batcher)
-    threads = [threading.Thread(target=batcher.submit, args=(np.full((1, 2, 2, 3), i, np.uint8),)) for i in range(7)]
-    threads[0].start()  # runs inline, held by the gate
-    assert gate.entered.wait(DEADLINE_S)
-    for t in threads[1:]:
-        t.start()
-    for _ in range(6):
-        assert queued.acquire(timeout=DEADLINE_S), "a request never reached the queue"
-    gate.opened.set()
-    for t in threads:
-        t.join(timeout=DEADLINE_S)
-    batcher.close()
+    _behind_a_held_call(gate, batcher, queued,
+                        [threading.Thread(target=batcher.submit, args=(np.full((1, 2, 2, 3), i, np.uint8),)) for i in range(7)])
     assert dict(batcher.batch_sizes) == {1: 1, 6: 1}
 
 
