@@ -28,7 +28,7 @@ if ! command -v nginx >/dev/null 2>&1 && [ ! -x /usr/sbin/nginx ]; then
 fi
 python3 -m venv .venv
 # The locked versions, each checked against its hash (requirements/test.txt: every extra but tpu and
-# gpu; README "Updating the lock"), then the project itself with nothing else resolved. uv installs
+# gpu; docs/training.md, "Installs and the lock"), then the project itself with nothing else resolved. uv installs
 # them (itself locked, requirements/scripts/uv.txt): into a fresh .venv in about 1.5 minutes where
 # pip took 5, with the platform's certificates as pip uses them. --compile-bytecode does what pip
 # does by default: without the .pyc files every process that imports TensorFlow spends 10 s more.

@@ -76,7 +76,7 @@ def test_the_lock_was_made_from_the_dependencies_pyproject_declares_now(name):
     first = _read(name).splitlines()[0]
     assert first == lock.DIGEST_PREFIX + lock.dependency_digest(DATA), (
         f"requirements/{name}.txt is stale: pyproject.toml's dependencies changed since it was made; "
-        "run `python scripts/lock.py` (README: 'Updating the lock')"
+        "run `python scripts/lock.py` (docs/training.md: 'Installs and the lock')"
     )
 
 
