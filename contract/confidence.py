@@ -12,7 +12,7 @@ share these definitions.
 * **Out-of-distribution score**: the energy of the logits (Liu et al., 2020, "Energy-based
   Out-of-distribution Detection"), ``-logsumexp(logits)`` at temperature 1: low for images like
   the training images, high for foreign ones. It needs only the logits, which every exported
-  runtime computes; bench/ood.py measured it against the maximum probability and the maximum
+  runtime computes; bench/confidence/ood.py measured it against the maximum probability and the maximum
   logit (docs/benchmarks.md says why it was chosen).
 * **Threshold**: the held-out images' score at :data:`PASS_RATE`, so that share of
   in-distribution images is answered ``in_distribution: true`` (:func:`threshold_for`).

@@ -3,7 +3,7 @@
 Training's loaders (:mod:`train.data`) and the server (:mod:`serve.core.decode`) both call
 :func:`to_rgb32` on the Pillow image they opened, so the same file gives the same pixels in both
 (``tests/export/test_pixels.py`` checks formats and modes). The server's one exception, plain 32x32
-JPEGs decoded by simplejpeg, gives the same pixels (``tests/serve/test_serve_uploads.py`` checks). Which files each stage accepts, and how it
+JPEGs decoded by simplejpeg, gives the same pixels (``tests/serve/core/test_decode.py`` checks). Which files each stage accepts, and how it
 reports a bad one, stays with the stage. Needs Pillow and NumPy; the client imports it only to
 send pixels straight to TF Serving (:mod:`client.images`).
 """

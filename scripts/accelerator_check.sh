@@ -31,7 +31,7 @@ mkdir -p "$RUNS"
 if [[ -z "${PYTHON:-}" ]]; then
     VENV=${VENV:-.venv-gpu}
     python3 -m venv "$VENV"
-    # The lock (README "Updating the lock"), each file checked against its hash: the gpu extra (JAX's
+    # The lock (docs/training.md, "Installs and the lock"), each file checked against its hash: the gpu extra (JAX's
     # CUDA 12 wheels), the export extra, and TensorFlow with its own CUDA libraries for the TensorFlow
     # backend; then the project alone, resolving nothing.
     "$VENV/bin/python" -m pip install -q --require-hashes -r requirements/scripts/accelerator.txt

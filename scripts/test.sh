@@ -10,7 +10,7 @@ if ! command -v chromium >/dev/null 2>&1; then
     sudo apt-get update -qq && sudo apt-get install -y -qq chromium >/dev/null
   fi
 fi
-# tests/serve/test_security.py starts a real Redis (the shared rate-limit store) on a loopback port.
+# tests/serve/http/test_security.py starts a real Redis (the shared rate-limit store) on a loopback port.
 if ! command -v redis-server >/dev/null 2>&1; then
   if [ "$(id -u)" = 0 ]; then
     apt-get -o DPkg::Lock::Timeout=600 update -qq && apt-get -o DPkg::Lock::Timeout=600 install -y -qq redis-server >/dev/null
@@ -28,7 +28,7 @@ if ! command -v nginx >/dev/null 2>&1 && [ ! -x /usr/sbin/nginx ]; then
 fi
 python3 -m venv .venv
 # The locked versions, each checked against its hash (requirements/test.txt: every extra but tpu and
-# gpu; README "Updating the lock"), then the project itself with nothing else resolved. uv installs
+# gpu; docs/training.md, "Installs and the lock"), then the project itself with nothing else resolved. uv installs
 # them (itself locked, requirements/scripts/uv.txt): into a fresh .venv in about 1.5 minutes where
 # pip took 5, with the platform's certificates as pip uses them. --compile-bytecode does what pip
 # does by default: without the .pyc files every process that imports TensorFlow spends 10 s more.

@@ -1,4 +1,4 @@
-"""Start the server under gunicorn (never Flask's development server).
+"""Start the server under gunicorn, or granian (``--server granian``); never Flask's development server.
 
 Typical usage::
 
@@ -15,6 +15,7 @@ Docker image runs.
 import argparse
 import os
 import sys
+import tempfile
 
 from serve import settings
 
@@ -33,7 +34,8 @@ def main(argv=None):
     parser.add_argument("--backend", choices=settings.BACKENDS, help="where predictions run (sets SERVE_BACKEND; default local)")
     parser.add_argument("--tfserving-rest-url", help="TF Serving REST URL, e.g. http://host:8501 (sets TFSERVING_REST_URL)")
     parser.add_argument("--tfserving-grpc-target", help="TF Serving gRPC host:port (sets TFSERVING_GRPC_TARGET)")
-    parser.add_argument("--workers", type=int, help="gunicorn worker processes (sets WEB_CONCURRENCY; default 2, 1 on one core)")
+    parser.add_argument("--server", choices=settings.SERVERS, help="the HTTP server (sets SERVE_SERVER; default gunicorn)")
+    parser.add_argument("--workers", type=int, help="worker processes (sets WEB_CONCURRENCY; default 2, 1 on one core)")
     parser.add_argument("--threads", type=int, help="threads per worker (sets GUNICORN_THREADS; default 16)")
     parser.add_argument("--check", action="store_true", help="print the settings the server would run with, and exit")
     args = parser.parse_args(argv)
@@ -47,23 +49,35 @@ def main(argv=None):
         "SERVE_BACKEND": args.backend,
         "TFSERVING_REST_URL": args.tfserving_rest_url,
         "TFSERVING_GRPC_TARGET": args.tfserving_grpc_target,
+        "SERVE_SERVER": args.server,
         "WEB_CONCURRENCY": args.workers and str(args.workers),
         "GUNICORN_THREADS": args.threads and str(args.threads),
     }
     os.environ.update({key: value for key, value in env.items() if value})
     try:
-        configured = settings.Settings.from_env()
+        configured = settings.Settings.from_env().resolved()
     except settings.SettingsError as e:
         print(f"serve: {e}", file=sys.stderr)
         return 2
     if args.check:
         print(configured.describe())
         return 0
+    # The savedmodel runtime's TensorFlow: warnings and errors only, and CPU devices alone (serving is on the
+    # CPU), so it never calls cuInit and logs its failure as an error on a machine without a GPU.
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    os.environ.setdefault("TF_ENABLED_DEVICE_TYPES", "CPU")
     # glibc reads it when the exec'd process starts (serve/gunicorn_conf.py says why 2).
     os.environ.setdefault("MALLOC_ARENA_MAX", "2")
+    if configured.server == "granian":
+        from serve import granian_conf
+
+        # gunicorn's config makes this folder in its arbiter; granian has none, so it is made here, for every worker.
+        os.environ.setdefault("PROMETHEUS_MULTIPROC_DIR", tempfile.mkdtemp(prefix="serve-prometheus-"))
+        argv = [sys.executable, "-m", "granian", *granian_conf.command(configured)]
+    else:
+        argv = [sys.executable, "-m", "gunicorn", *GUNICORN_ARGS]
     # Safe: this interpreter with fixed arguments; no shell, and nothing from the user reaches argv.
-    os.execv(sys.executable, [sys.executable, "-m", "gunicorn", *GUNICORN_ARGS])  # nosec B606
+    os.execv(sys.executable, argv)  # nosec B606
 
 
 if __name__ == "__main__":

@@ -15,11 +15,11 @@ import shutil
 import sys
 import tempfile
 
-from serve.settings import Settings, SettingsError
+from serve import settings
 
 try:
-    _settings = Settings.from_env()
-except SettingsError as e:  # one line naming the variable, before any worker starts
+    _settings = settings.process()  # read once, here in the arbiter; the workers are forked with it
+except settings.SettingsError as e:  # one line naming the variable, before any worker starts
     print(f"serve: {e}", file=sys.stderr)
     sys.exit(2)
 
@@ -39,9 +39,9 @@ accesslog = _settings.gunicorn_accesslog  # "-" for stdout; off by default (serv
 errorlog = "-"
 loglevel = _settings.gunicorn_loglevel
 # gunicorn's own lines (and its access log, when on) in SERVE_LOG_FORMAT, like the app's (serve/logs.py).
-from serve.logs import gunicorn_logger  # noqa: E402  (after the settings check above)
+from serve.telemetry.logs import gunicorn_logger  # noqa: E402  (after the settings check above)
 
-logger_class = gunicorn_logger()
+logger_class = gunicorn_logger(_settings.log_format)
 
 # Prometheus multiprocess mode: every worker writes its metrics to files in one directory,
 # and /metrics adds them up. The directory must be empty when the server starts.
@@ -58,7 +58,7 @@ else:
 
 # glibc gives every thread that allocates its own malloc arena (up to 8 per core): under a
 # minute of mixed uploads from 64 clients the workers' resident memory grew by a third and was
-# still creeping after two minutes; with two arenas it grew 5% and levelled off (bench/soak.py,
+# still creeping after two minutes; with two arenas it grew 5% and levelled off (bench/serving/soak.py,
 # docs/benchmarks.md). glibc reads MALLOC_ARENA_MAX from the environment when a process starts,
 # before any Python runs, so it is set where the process is started: `python -m serve` sets 2
 # unless it is given, and so does the image. Here it can only be noticed missing.
@@ -81,22 +81,22 @@ def _start_grpc(worker):
     """TF Serving's gRPC API in this worker, over its app's service (docs/serving.md, "gRPC"): every worker
     binds GRPC_PORT with SO_REUSEPORT and the kernel spreads the connections. Not in the arbiter: gRPC must
     not start before a fork. A port that cannot be bound stops the worker's boot, and with it the server."""
-    from serve.protocols import tfserving_grpc
+    from serve.grpc import server as grpc_server
 
-    address = tfserving_grpc.bind_address(_settings.host, _settings.grpc_port)
-    server, _ = tfserving_grpc.make_server(worker.wsgi, address, threads=_settings.gunicorn_threads)
+    address = grpc_server.bind_address(_settings.host, _settings.grpc_port)
+    server, _ = grpc_server.make_server(worker.wsgi, address, threads=_settings.gunicorn_threads)
     server.start()
     worker.serve_grpc = server
     worker.log.info("gRPC (TF Serving's API, health) on %s in worker %s", address, worker.pid)
 
 
 def worker_exit(server, worker):
-    grpc_server = getattr(worker, "serve_grpc", None)
-    if grpc_server is not None:  # the calls under way finish (up to their grace), new ones are refused
-        from serve.protocols import tfserving_grpc
+    running = getattr(worker, "serve_grpc", None)
+    if running is not None:  # the calls under way finish (up to their grace), new ones are refused
+        from serve.grpc import server as grpc_server
 
-        grpc_server.stop(tfserving_grpc.STOP_GRACE_S).wait()
-    from serve import tracing
+        running.stop(grpc_server.STOP_GRACE_S).wait()
+    from serve.telemetry import tracing
 
     tracing.shutdown()  # the spans still buffered are exported (the provider was built in this worker)
 

@@ -3,8 +3,10 @@
 The variables, their defaults and what each does are listed in the configuration and security
 tables of ``serve/README.md`` (``tests/serve/test_settings_docs.py`` keeps that list and :class:`Settings`
 in step). :meth:`Settings.from_env` reads them all at once and refuses a bad value with one line
-naming the variable; ``create_app``, ``serve/gunicorn_conf.py`` and ``python -m serve`` all start
-from it, so a value that would break a request later stops the start instead.
+naming the variable; :meth:`Settings.resolved` then reads the files they name (the model config, a TF Serving
+backend's manifest), so that a file that would break a request later stops the start instead. A process
+reads them once (:func:`process`: gunicorn's arbiter, whose workers inherit them, and ``python -m serve``)
+and hands them down: ``create_app``, the logs, the gate, the backend and the core each take them.
 
 Typical usage::
 
@@ -12,6 +14,7 @@ Typical usage::
 """
 
 import dataclasses
+import functools
 import os
 import re
 
@@ -35,6 +38,7 @@ DEFAULT_MAX_QUEUE = 1024  # images waiting for the model in one worker
 DEFAULT_PREDICT_TIMEOUT_S = 30.0
 DEFAULT_GRPC_PORT = 8500  # TF Serving's gRPC port
 BACKENDS = ("local", "tfserving-rest", "tfserving-grpc")
+SERVERS = ("gunicorn", "granian")
 RUNTIMES = SERVING_RUNTIMES
 LOG_LEVELS = ("debug", "info", "warning", "error", "critical")
 LOG_FORMATS = ("json", "text")
@@ -43,7 +47,7 @@ TRACES_EXPORTERS = ("otlp", "console", "none")
 #: The OTLP transports the server ships an exporter for (opentelemetry-exporter-otlp-proto-http).
 OTLP_PROTOCOLS = ("http/protobuf",)
 DEFAULT_RATE_LIMIT_STORE = "memory://"
-#: The storage schemes Flask-Limiter's ``limits`` package accepts.
+#: The storage schemes the ``limits`` package accepts.
 RATE_LIMIT_STORES = ("memory", "redis", "rediss", "redis+unix", "redis+sentinel", "redis+cluster", "memcached", "mongodb", "valkey")
 TRUE_WORDS = ("1", "true", "yes", "on")
 FALSE_WORDS = ("0", "false", "no", "off")
@@ -218,7 +222,8 @@ class Settings:
     rate_limit_store: str = _var("SERVE_RATE_LIMIT_STORE", _rate_limit_store, DEFAULT_RATE_LIMIT_STORE)
     cors_origins: str = _var("SERVE_CORS_ORIGINS", _origins, "")
     trusted_proxies: int = _var("SERVE_TRUSTED_PROXIES", _integer(0, 16), 0)
-    # gunicorn (serve/gunicorn_conf.py) and the worker processes.
+    # The HTTP server (gunicorn: serve/gunicorn_conf.py; granian: serve/granian_conf.py) and its worker processes.
+    server: str = _var("SERVE_SERVER", _choice(*SERVERS), "gunicorn")
     host: str = _var("HOST", _text, "0.0.0.0")  # nosec B104  # the container's default; HOST narrows it
     port: int = _var("PORT", _integer(1, 65535), 8000)
     grpc_port: int = _var("GRPC_PORT", _integer(0, 65535), DEFAULT_GRPC_PORT)  # 0: no gRPC
@@ -238,8 +243,6 @@ class Settings:
     otlp_traces_protocol: str = _var("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL", _choice(*OTLP_PROTOCOLS), None)
 
     def __post_init__(self):
-        if self.model_config_file is not None:
-            self._take_model_config()
         if self.model_dir is None:
             object.__setattr__(self, "model_dir", os.path.join(self.model_base_path, self.model_name))
         if self.web_concurrency is None:
@@ -249,28 +252,32 @@ class Settings:
                 raise SettingsError(f"SERVE_BACKEND={backend} needs {_env(field)}")
         if self.grpc_port == self.port:
             raise SettingsError(f"GRPC_PORT={self.grpc_port}: must differ from PORT (HTTP), or be 0 for no gRPC")
-        if self.backend != "local":
-            self._check_published_manifest()
-
-    def _take_model_config(self):
-        """The model's name and path from the config file, once it reads and its labels name published versions."""
-        from serve import model_config
-
-        if self.backend != "local":
+        if self.model_config_file is not None and self.backend != "local":
             raise SettingsError(f"SERVE_MODEL_CONFIG_FILE is read by the local backend only (SERVE_BACKEND={self.backend}: "
                                 "give the config file to that TF Serving)")
-        try:
-            config = model_config.check_published(model_config.read(self.model_config_file))
-        except model_config.ConfigError as e:
-            raise SettingsError(f"SERVE_MODEL_CONFIG_FILE={self.model_config_file!r}: {e}") from None
-        object.__setattr__(self, "model_name", config.name)
-        object.__setattr__(self, "model_dir", config.base_path)
+
+    def resolved(self):
+        """These settings once the files they name are read: the model's name and path from the model config file
+        (once it reads and its labels name published versions), and a TF Serving backend's manifest checked.
+        A file that cannot serve stops the start here, in one line naming its variable."""
+        settings = self
+        if self.model_config_file is not None:
+            from serve.backends import model_config
+
+            try:
+                config = model_config.check_published(model_config.read(self.model_config_file))
+            except model_config.ConfigError as e:
+                raise SettingsError(f"SERVE_MODEL_CONFIG_FILE={self.model_config_file!r}: {e}") from None
+            settings = dataclasses.replace(self, model_name=config.name, model_dir=config.base_path)
+        if self.backend != "local":
+            settings._check_published_manifest()
+        return settings
 
     def _check_published_manifest(self):
         """A TF Serving backend describes the model with the newest version's manifest under ``MODEL_DIR``, when there
         is one: one it cannot read (an older format among them) stops the start here, in one line with the fix."""
         from contract.manifest import ManifestError
-        from serve import published
+        from serve.backends import published
 
         available = published.versions(self.model_dir)
         if available:
@@ -315,12 +322,13 @@ class Settings:
         return int(self.max_upload_mb * 1024 * 1024)
 
     def limits(self):
-        """What one request may ask of the model, for :class:`serve.core.service.InferenceService`."""
+        """What one request may ask of this worker, for :class:`serve.core.service.InferenceService`."""
         from serve.core.service import Limits
 
         return Limits(max_images=self.max_images, max_pixels=self.max_pixels, top_k=self.top_k,
-                      max_request_pixels=self.max_request_pixels,
-                      decode_concurrency=self.decode_concurrency or _cores())
+                      max_request_pixels=self.max_request_pixels, max_tensor_bytes=self.max_upload_bytes,
+                      decode_concurrency=self.decode_concurrency or _cores(), max_queue=self.max_queue,
+                      timeout_s=self.predict_timeout_s)
 
     @classmethod
     def keys(cls):
@@ -344,3 +352,13 @@ def _key(field):
 
 def _env(name):
     return next(f.metadata["env"] for f in dataclasses.fields(Settings) if f.name == name)
+
+
+@functools.cache
+def process():
+    """This process's settings, read from its environment and resolved once (:meth:`Settings.resolved`).
+
+    gunicorn's arbiter reads them in ``serve/gunicorn_conf.py``; its workers, forked from it, find them here
+    and never read the environment again. Raises :class:`SettingsError` naming the first bad value.
+    """
+    return Settings.from_env().resolved()

@@ -5,7 +5,10 @@ import tempfile
 # Quiet TensorFlow, and give this process 8 logical CPU devices before TensorFlow starts,
 # so MirroredStrategy can exercise the code path of an 8-core TPU (per-replica batches,
 # a global batch 8x, a distributed dataset).
-os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+from train import hardware  # noqa: E402  (imports neither TensorFlow nor JAX)
+from train.quiet import native_startup  # noqa: E402
+
+hardware.quiet_tensorflow()  # for this process and every one it starts: no cuInit error without a GPU
 # oneDNN on, as `python -m train` sets it (train.hardware.prepare_environment), for this process and
 # every one it starts: otherwise on an AVX2 CPU whether this process's TensorFlow had it would depend
 # on whether a trainer ran in it before TensorFlow's first op.
@@ -24,7 +27,8 @@ def pytest_configure(config):
     os.environ.pop("PROMETHEUS_MULTIPROC_DIR", None)
     import prometheus_client  # noqa: F401
 
-    import tensorflow as tf
+    with native_startup():  # TensorFlow's start-up lines before its logging is set up
+        import tensorflow as tf
 
     cpu = tf.config.list_physical_devices("CPU")[0]
     tf.config.set_logical_device_configuration(cpu, [tf.config.LogicalDeviceConfiguration()] * LOGICAL_CPUS)

@@ -45,6 +45,11 @@ def to_proto(array):
     return proto
 
 
+def typed_field(dtype_enum):
+    """The typed field (``float_val``, ``int_val``...) TensorFlow reads a ``dtype_enum`` tensor's values from without ``tensor_content``."""
+    return _BY_ENUM[dtype_enum][1]
+
+
 def to_array(proto):
     """The NumPy array a ``TensorProto`` holds (strings as an ``object`` array of ``bytes``)."""
     shape = [d.size for d in proto.tensor_shape.dim]

@@ -16,6 +16,7 @@ import os
 PRECISIONS = ("auto", "float32", "mixed_bfloat16", "mixed_float16")
 BACKENDS = ("auto", "jax", "tensorflow")
 GOOGLE_PCI_VENDOR = "0x1ae0"  # every Cloud TPU chip (v2 to v6e) is a PCI device of Google's
+NVIDIA_PCI_VENDOR = "0x10de"
 PCI_DEVICES = "/sys/bus/pci/devices"
 
 
@@ -39,20 +40,38 @@ class Placement:
     note: str = ""  # one line worth telling the user, e.g. that no TPU was found
 
 
+def pci_devices(vendor, pci_root=PCI_DEVICES):
+    """How many PCI devices of ``vendor`` (a PCI vendor id such as ``0x1ae0``) this host has."""
+    count = 0
+    for vendor_file in glob.glob(os.path.join(pci_root, "*", "vendor")):
+        try:
+            with open(vendor_file) as f:
+                if f.read().strip().lower() == vendor:
+                    count += 1
+        except OSError:
+            continue
+    return count
+
+
 def tpu_chips(pci_root=PCI_DEVICES):
     """How many TPU chips this host has: Google-made PCI devices (what libtpu itself looks for).
 
     A passed-through GPU also shows up under /dev/vfio, so device nodes alone prove nothing.
     """
-    count = 0
-    for vendor_file in glob.glob(os.path.join(pci_root, "*", "vendor")):
-        try:
-            with open(vendor_file) as f:
-                if f.read().strip().lower() == GOOGLE_PCI_VENDOR:
-                    count += 1
-        except OSError:
-            continue
-    return count
+    return pci_devices(GOOGLE_PCI_VENDOR, pci_root)
+
+
+def quiet_tensorflow(environ=None, pci_root=PCI_DEVICES):
+    """TensorFlow's C++ logs from warnings up, and on a host without an NVIDIA device its CPU devices alone.
+
+    Without ``TF_ENABLED_DEVICE_TYPES=CPU`` TensorFlow calls ``cuInit`` at its first op on every machine and
+    logs the failure as an error (``cuda_platform.cc ... failed call to cuInit``) where there is no GPU. Both
+    are defaults: a value the user set wins. Set it before TensorFlow is imported.
+    """
+    env = os.environ if environ is None else environ
+    env.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    if not pci_devices(NVIDIA_PCI_VENDOR, pci_root):
+        env.setdefault("TF_ENABLED_DEVICE_TYPES", "CPU")
 
 
 def tpu_present(pci_root=PCI_DEVICES, environ=None):
@@ -93,9 +112,10 @@ def prepare_environment(backend, environ=None, pci_root=PCI_DEVICES):
     """Set what must be set before Keras, TensorFlow or JAX is imported; call it first thing."""
     env = os.environ if environ is None else environ
     env["KERAS_BACKEND"] = backend
+    quiet_tensorflow(env, pci_root)
     # TensorFlow turns its oneDNN kernels on by itself only on CPUs with AVX-512; on an AVX2 CPU its
     # own convolution gradients made airbench's step take 13.4 s against 6.6 s with oneDNN
-    # (bench/airbench_step_profile.py, docs/benchmarks.md). TF_ENABLE_ONEDNN_OPTS=0 still turns it off.
+    # (docs/benchmarks.md). TF_ENABLE_ONEDNN_OPTS=0 still turns it off.
     env.setdefault("TF_ENABLE_ONEDNN_OPTS", "1")
     on_tpu = tpu_chips(pci_root) > 0
     if backend == "jax" and not on_tpu and "JAX_PLATFORMS" not in env:

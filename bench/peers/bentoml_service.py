@@ -16,14 +16,12 @@ path comes from ``BENCH_MODEL_DIR`` (``bentoml serve`` imports the module).
 """
 
 import os
-import sys
 
 import bentoml
 import numpy as np
 from PIL.Image import Image
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from litert_model import LiteRTModel, model_file  # noqa: E402
+from litert_model import LiteRTModel, model_file  # beside this script: run as a file, in its own environment
 
 
 @bentoml.service(workers=2)

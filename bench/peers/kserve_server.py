@@ -14,15 +14,12 @@ its gRPC port stays on, its default). KServe's ModelServer has no request batchi
 """
 
 import argparse
-import os
-import sys
 import uuid
 
 import numpy as np
 from kserve import InferOutput, InferRequest, InferResponse, Model, ModelServer, model_server
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from litert_model import LiteRTModel, model_file  # noqa: E402
+from litert_model import LiteRTModel, model_file  # beside this script: run as a file, in its own environment
 
 
 class CIFARModel(Model):

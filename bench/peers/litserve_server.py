@@ -17,15 +17,12 @@ A request of 64 images is one item of a batch; ``batch`` concatenates the items'
 
 import argparse
 import io
-import os
-import sys
 
 import litserve as ls
 import numpy as np
 from PIL import Image
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from litert_model import LiteRTModel, model_file  # noqa: E402
+from litert_model import LiteRTModel, model_file  # beside this script: run as a file, in its own environment
 
 MAX_BATCH_SIZE = 32
 BATCH_TIMEOUT_S = 0.005

@@ -1,24 +1,18 @@
-"""bench/serving_peers.py's requests, load and table: the request bodies, wrk, the answer check, the markdown.
+"""bench/peers' requests and table: the request bodies, the answer check, the median over rounds, the markdown.
 
-Every cell posts one prepared body with ``wrk`` (bench/wrk/post_body.lua prints wrk's exact latency
-percentiles and its error counters as one ``WRK_JSON`` line): 1 image at c=1 and c=32, 64 images
-a request at c=2, as JSON ``instances``, multipart PNG and v2 JSON.
+Every cell posts one prepared body with ``wrk`` (``bench.harness.run_wrk``): 1 image at c=1 and c=32,
+64 images a request at c=2, as JSON ``instances``, multipart PNG and v2 JSON.
 """
 
 import json
 import os
-import re
 import statistics
-import subprocess
 
 import numpy as np
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-ROOT = os.path.dirname(os.path.dirname(HERE))
-WRK_SCRIPT = os.path.join(ROOT, "bench", "wrk", "post_body.lua")
-BOUNDARY = "benchpeers5b2e9a"
+from bench import harness
+
 JSON = "application/json"
-MULTIPART = f"multipart/form-data; boundary={BOUNDARY}"
 
 
 class Cell:
@@ -27,7 +21,8 @@ class Cell:
 
     @property
     def label(self):
-        what = {"json": "JSON `instances`", "png": "multipart PNG", "v2": "v2 JSON"}[self.kind]
+        what = {"json": "JSON `instances`", "png": "multipart PNG", "v2": "v2 JSON",
+                "grpc-tfs": "gRPC TF Serving `tensor_content`", "grpc-v2": "gRPC v2 `raw_input_contents`"}[self.kind]
         return f"{what}, {self.images} image{'s' if self.images > 1 else ''}, c={self.connections}"
 
 
@@ -41,7 +36,11 @@ CELLS = (
     Cell("v2-1-c1", "v2", 1, 1, 1),
     Cell("v2-1-c32", "v2", 1, 2, 32),
     Cell("v2-64-c2", "v2", 64, 1, 2),
+    Cell("grpc-tfs-64-c2", "grpc-tfs", 64, 1, 2),
+    Cell("grpc-v2-64-c2", "grpc-v2", 64, 1, 2),
 )
+#: The kinds of request bench/peers/grpc_load.py sends (wrk speaks HTTP alone).
+GRPC_KINDS = {"grpc-tfs": "tfs", "grpc-v2": "v2"}
 
 
 # -- bodies ------------------------------------------------------------------------------------
@@ -53,19 +52,15 @@ def body(kind, images, pngs):
         tensor = {"name": "images", "shape": list(images.shape), "datatype": "UINT8", "data": images.ravel().tolist()}
         return json.dumps({"inputs": [tensor]}, separators=(",", ":")).encode(), JSON
     if kind == "png":
-        parts = [
-            f'--{BOUNDARY}\r\nContent-Disposition: form-data; name="file"; filename="{i}.png"\r\n'
-            f"Content-Type: image/png\r\n\r\n".encode() + data + b"\r\n"
-            for i, data in enumerate(pngs[: len(images)])
-        ]
-        return b"".join(parts) + f"--{BOUNDARY}--\r\n".encode(), MULTIPART
+        files = [(f"{i}.png", data) for i, data in enumerate(pngs[: len(images)])]
+        return harness.multipart(files, "image/png"), harness.MULTIPART
     raise ValueError(kind)
 
 
 def write_bodies(folder, images, pngs):
     """``{(kind, count): (path, content type)}`` for every body a cell posts."""
     paths = {}
-    for kind, count in {(c.kind, c.images) for c in CELLS}:
+    for kind, count in {(c.kind, c.images) for c in CELLS if c.kind not in GRPC_KINDS}:
         data, content_type = body(kind, images[:count], pngs)
         path = os.path.join(folder, f"{kind}-{count}.body")
         with open(path, "wb") as f:
@@ -110,31 +105,7 @@ def check_answer(answer, reference, tolerance=1e-4):
     return None
 
 
-# -- wrk ---------------------------------------------------------------------------------------
-def parse_wrk(output):
-    """The numbers of bench/wrk/post_body.lua's ``WRK_JSON`` line in ``output``."""
-    match = re.search(r"^WRK_JSON (.*)$", output, re.M)
-    if not match:
-        raise RuntimeError(f"no WRK_JSON line in wrk's output:\n{output}")
-    r = json.loads(match.group(1))
-    seconds = r["duration_us"] / 1e6
-    return {
-        "requests": r["requests"],
-        "requests_per_s": r["requests"] / seconds,
-        "p50_ms": r["p50_us"] / 1000.0,
-        "p99_ms": r["p99_us"] / 1000.0,
-        "non_2xx": r["status_errors"],  # wrk counts answers with a status above 399
-        "socket_errors": r["connect_errors"] + r["read_errors"] + r["write_errors"],
-        "timeouts": r["timeouts"],
-    }
-
-
-def run_wrk(url, body_path, content_type, threads, connections, seconds, timeout_s=10):
-    env = dict(os.environ, WRK_BODY=body_path, WRK_CONTENT_TYPE=content_type)
-    argv = ["wrk", f"-t{threads}", f"-c{connections}", f"-d{seconds}s", "--timeout", f"{timeout_s}s", "--latency", "-s", WRK_SCRIPT, url]
-    return parse_wrk(subprocess.run(argv, env=env, capture_output=True, text=True, check=True).stdout)
-
-
+# -- rounds -------------------------------------------------------------------------------------
 def combine(rounds):
     """One result per server from ``rounds`` (each ``{server: result}``): the median rate and percentiles
     of each cell over the rounds, its errors and requests summed, any wrong answer kept, the largest memory."""
@@ -150,6 +121,7 @@ def combine(rounds):
             cell["rounds"] = rows
             cells[key] = cell
         combined[name] = {"cells": cells, "rss_mb": max((run.get("rss_mb") or 0 for run in runs), default=0) or None,
+                          "largest_process_mb": max((run.get("largest_process_mb") or 0 for run in runs), default=0) or None,
                           "load_average": [run.get("load_average") for run in runs]}
         failed = [run["failed"] for run in runs if "failed" in run]
         if failed:
@@ -193,28 +165,9 @@ def markdown(results, servers):
         lines.append(f"| {cell.label} | " + " | ".join(entries) + " |")
     rss = [results.get(name, {}).get("rss_mb") for name in servers]
     lines.append("| resident memory, all processes after the run | " + " | ".join(f"{r:,.0f} MB" if r else "—" for r in rss) + " |")
+    largest = [results.get(name, {}).get("largest_process_mb") for name in servers]
+    lines.append("| resident memory, largest process (a worker) | " + " | ".join(f"{r:,.0f} MB" if r else "—" for r in largest) + " |")
     loads = [results.get(name, {}).get("load_average") or [] for name in servers]
     if any(loads):
         lines.append("| 1-min load average as the server started | " + " | ".join(", ".join(f"{x:.1f}" for x in la if x is not None) or "—" for la in loads) + " |")
     return "\n".join(lines)
-
-
-def cpu_kind():
-    """``lscpu``'s model name, cores, and whether the CPU has AVX-512, AVX-512 BF16, VNNI, AMX."""
-    out = subprocess.run(["lscpu"], capture_output=True, text=True).stdout
-    fields = dict(line.split(":", 1) for line in out.splitlines() if ":" in line)
-    flags = set(fields.get("Flags", "").split())
-    has = {
-        "AVX2": "avx2" in flags,
-        "AVX-512": "avx512f" in flags,
-        "AVX-512 BF16": "avx512_bf16" in flags,
-        "VNNI": bool({"avx512_vnni", "avx_vnni"} & flags),
-        "AMX": "amx_tile" in flags,
-    }
-    return {
-        "model_name": fields.get("Model name", "?").strip(),
-        "cores": len(os.sched_getaffinity(0)),
-        "flags": has,
-        "line": f"{fields.get('Model name', '?').strip()}, {len(os.sched_getaffinity(0))} cores; "
-        + ", ".join(f"{k} {'yes' if v else 'no'}" for k, v in has.items()),
-    }

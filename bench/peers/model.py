@@ -1,8 +1,9 @@
-"""The model every server of bench/peers.py serves, and the images every request carries.
+"""The model every server of bench/peers serves, and the images every request carries.
 
-Weights do not change a model's speed, so by default the benchmark trains ``seed_cnn`` for one
-epoch on a small synthetic data set of CIFAR-10's ten classes (``python -m train``, then
-``python -m export``) and caches the export under ``bench/peers/.cache/models/cifar10/``; a real
+Weights do not change a model's speed, so the benchmark trains its architecture (``seed_cnn``, light, so the
+request path dominates; or the main job's default, ``airbench_muon``, whose six test-time views make it many times
+heavier) for one epoch on a small synthetic data set of CIFAR-10's ten classes (``python -m train``, then
+``python -m export``) and caches the export under ``bench/peers/.cache/ARCHITECTURE/models/cifar10/``; a real
 export is passed with ``--model-dir``. Request images are uint8 [32, 32, 3] pixels drawn with a
 fixed seed (the synthetic test images), the same for every server.
 """
@@ -70,31 +71,36 @@ def version_dir(model_dir):
     return os.path.join(model_dir, str(versions[-1]))
 
 
-def ensure_model(model_dir=None, log=print):
-    """``models/NAME/`` to serve: ``model_dir`` if given, else the cached seed_cnn export (made on first use)."""
+#: Per architecture, the training flags of its benchmark model: one epoch, batches the 400 images can fill.
+ARCHITECTURES = {"seed_cnn": [], "airbench_muon": ["--batch-size", "100"]}
+
+
+def ensure_model(model_dir=None, log=print, architecture="seed_cnn"):
+    """``models/NAME/`` to serve: ``model_dir`` if given, else the cached export of ``architecture`` (made on first use)."""
     if model_dir:
         version_dir(model_dir)
         return os.path.abspath(model_dir)
-    models = os.path.join(CACHE, "models")
+    cache = os.path.join(CACHE, architecture)
+    models = os.path.join(cache, "models")
     model_dir = os.path.join(models, "cifar10")
     if os.path.isdir(model_dir):
         from contract.manifest import ManifestError
-        from serve import published
+        from serve.backends import published
 
         try:
             published.manifest(version_dir(model_dir))  # made by this code's export: its manifest format is read
             return model_dir
         except (SystemExit, ManifestError):
             shutil.rmtree(model_dir)
-    log("making the benchmark model: seed_cnn, 1 epoch on 400 synthetic images, exported (a minute or two)")
-    data, run = os.path.join(CACHE, "data"), os.path.join(CACHE, "run")
+    log(f"making the benchmark model: {architecture}, 1 epoch on 400 synthetic images, exported (a few minutes)")
+    data, run = os.path.join(cache, "data"), os.path.join(cache, "run")
     shutil.rmtree(data, ignore_errors=True)
     shutil.rmtree(run, ignore_errors=True)
     _write_tree(data)
     env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2")
     steps = (
-        ["-m", "train", "--model", "seed_cnn", "--data", data, "--output", run, "--epochs", "1",
-         "--precision", "float32", "--tpu", "none", "--quiet"],
+        ["-m", "train", "--model", architecture, "--data", data, "--output", run, "--epochs", "1",
+         "--precision", "float32", "--tpu", "none", "--quiet", *ARCHITECTURES[architecture]],
         ["-m", "export", "--run", run, "--model-dir", models, "--model-name", "cifar10", "--quiet"],
     )
     for argv in steps:

@@ -1,4 +1,4 @@
-"""bench/serving_peers.py's servers: how each starts, which routes it answers, its pinned virtual environment.
+"""bench/peers' servers: how each starts, which routes it answers, its pinned virtual environment.
 
 This project and the hello-world floor run from the project's own environment (the Python that
 runs the benchmark); each peer runs from ``bench/peers/.venvs/NAME/``, made on first use from
@@ -7,30 +7,36 @@ runs the benchmark); each peer runs from ``bench/peers/.venvs/NAME/``, made on f
 
 import hashlib
 import os
-import signal
 import subprocess
 import sys
-import time
+
+from bench import harness
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
 VENVS = os.path.join(HERE, ".venvs")
 
 THIS = "this project"
+THIS_GRANIAN = "this project, granian"
 FLOOR = "hello-world floor"
+FLOOR_GRANIAN = "hello-world floor, granian"
 PEERS = ("kserve", "bentoml", "litserve")
-ORDER = (THIS, *PEERS, FLOOR)
-ALIASES = {"this": THIS, "floor": FLOOR, "hello": FLOOR}
+ORDER = (THIS, THIS_GRANIAN, *PEERS, FLOOR, FLOOR_GRANIAN)
+ALIASES = {"this": THIS, "this-granian": THIS_GRANIAN, "floor": FLOOR, "hello": FLOOR, "floor-granian": FLOOR_GRANIAN}
 
 # Per server, the route of each kind of request; a kind it does not take is absent.
 ROUTES = {
-    THIS: {"json": "/v1/models/cifar10:predict", "png": "/api/v1/predict", "v2": "/v2/models/cifar10/infer"},
-    "kserve": {"json": "/v1/models/cifar10:predict", "v2": "/v2/models/cifar10/infer"},
+    THIS: {"json": "/v1/models/cifar10:predict", "png": "/api/v1/predict", "v2": "/v2/models/cifar10/infer",
+           "grpc-tfs": "grpc", "grpc-v2": "grpc"},
+    "kserve": {"json": "/v1/models/cifar10:predict", "v2": "/v2/models/cifar10/infer", "grpc-v2": "grpc"},
     "bentoml": {"json": "/predict", "png": "/classify"},
     "litserve": {"json": "/predict", "png": "/predict"},
     # The floor answers a fixed JSON to any POST on /api/v1/predict after reading the body.
     FLOOR: {"json": "/api/v1/predict", "png": "/api/v1/predict"},
 }
+ROUTES[THIS_GRANIAN] = ROUTES[THIS]
+ROUTES[FLOOR_GRANIAN] = ROUTES[FLOOR]
+FLOORS = (FLOOR, FLOOR_GRANIAN)
 FLOOR_CELLS = ("json-1-c1", "json-1-c32", "png-1-c1", "png-1-c32")  # no model, so no 64-image cells
 
 VERSIONS = {"kserve": "KServe ModelServer", "bentoml": "BentoML", "litserve": "LitServe"}
@@ -79,11 +85,17 @@ def command(name, model_dir, port, grpc_port):
     """(argv, extra environment) that start ``name`` on 127.0.0.1:``port``, its settings as its docs give them."""
     if name == THIS:
         # Its defaults: gunicorn, 2 workers x 16 threads, LiteRT float; its gRPC server on (on a free port).
-        return [sys.executable, "-m", "serve", "--model-dir", model_dir, "--host", "127.0.0.1", "--port", str(port),
-                "--grpc-port", str(grpc_port)], {}
+        return harness.serve_argv(model_dir, port, grpc_port), {}
+    if name == THIS_GRANIAN:  # the same, under SERVE_SERVER=granian (serve/granian_conf.py)
+        argv, _ = command(THIS, model_dir, port, grpc_port)
+        return argv, {"SERVE_SERVER": "granian"}
     if name == FLOOR:
-        argv = [sys.executable, "-m", "gunicorn", "-c", "python:serve.gunicorn_conf", "bench.hello_app:create_app()"]
-        return argv, {"HOST": "127.0.0.1", "PORT": str(port), "GRPC_PORT": "0", "MALLOC_ARENA_MAX": "2"}
+        return harness.floor_argv(), {"HOST": "127.0.0.1", "PORT": str(port), "GRPC_PORT": "0", "MALLOC_ARENA_MAX": "2"}
+    if name == FLOOR_GRANIAN:  # granian as serve/granian_conf.py runs it: 2 workers x 16 blocking threads
+        argv = [sys.executable, "-m", "granian", "--interface", "wsgi", "--factory", "--no-ws", "--host", "127.0.0.1",
+                "--port", str(port), "--workers", "2", "--blocking-threads", "16", "--backpressure", "16",
+                harness.FLOOR_APP.removesuffix("()")]
+        return argv, {"MALLOC_ARENA_MAX": "2"}
     python = venv_python(name)
     if name == "kserve":
         return [python, os.path.join(HERE, "kserve_server.py"), "--model-dir", model_dir, "--http_port", str(port),
@@ -95,45 +107,3 @@ def command(name, model_dir, port, grpc_port):
     if name == "litserve":
         return [python, os.path.join(HERE, "litserve_server.py"), "--model-dir", model_dir, "--port", str(port)], {}
     raise ValueError(name)
-
-
-def tree_rss_mb(pid):
-    """Resident memory of ``pid`` and all its descendants, MB (a layout-independent figure: workers, arbiters, queues)."""
-    total, stack = 0.0, [pid]
-    while stack:
-        p = stack.pop()
-        try:
-            with open(f"/proc/{p}/status") as f:
-                total += next(int(line.split()[1]) for line in f if line.startswith("VmRSS:")) / 1024
-            for task in os.listdir(f"/proc/{p}/task"):
-                with open(f"/proc/{p}/task/{task}/children") as f:
-                    stack.extend(int(c) for c in f.read().split())
-        except (OSError, StopIteration):
-            pass
-    return total
-
-
-class Server:
-    """A server in its own process group; ``stop`` ends the whole group, the stray workers of a master that exited first included."""
-
-    def __init__(self, argv, env, log_path):
-        self.log = open(log_path, "ab")
-        self.proc = subprocess.Popen(argv, cwd=ROOT, env=env, stdout=self.log, stderr=subprocess.STDOUT, start_new_session=True)
-
-    def _group_alive(self):
-        try:
-            os.killpg(self.proc.pid, 0)
-            return True
-        except ProcessLookupError:
-            return False
-
-    def stop(self, grace_s=30):
-        if self._group_alive():
-            os.killpg(self.proc.pid, signal.SIGTERM)
-        deadline = time.monotonic() + grace_s
-        while time.monotonic() < deadline and (self.proc.poll() is None or self._group_alive()):
-            time.sleep(0.2)
-        if self._group_alive():  # a worker that outlived its master (LitServe's do, on SIGTERM)
-            os.killpg(self.proc.pid, signal.SIGKILL)
-        self.proc.wait()
-        self.log.close()

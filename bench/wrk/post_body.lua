@@ -1,5 +1,5 @@
 -- POST a prepared body (a multipart upload) on every request, and print exact latency
--- percentiles as one JSON line for bench/serving.py to parse.
+-- percentiles as one JSON line for bench/harness.py to parse.
 --
 -- Usage: WRK_BODY=/tmp/body.bin WRK_CONTENT_TYPE="multipart/form-data; boundary=..." \
 --        wrk -t1 -c1 -d10s --latency -s bench/wrk/post_body.lua http://127.0.0.1:8000/api/v1/predict

@@ -104,7 +104,7 @@ class HttpTransport:
         too_large = MalformedAnswer(f"the answer from {url} is larger than {MAX_ANSWER_BYTES // 2**20} MiB, the most "
                                     "the client reads (MAX_ANSWER_BYTES)")
         declared = response.headers.get("Content-Length", "").strip()
-        if declared.isdigit() and int(declared) > MAX_ANSWER_BYTES:
+        if declared.isascii() and declared.isdigit() and int(declared) > MAX_ANSWER_BYTES:
             raise too_large
         chunks, size = [], 0
         while chunk := response.raw.read(64 * 1024, decode_content=False):

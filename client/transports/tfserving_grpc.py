@@ -98,9 +98,17 @@ class TFServingGrpcTransport(GrpcTransport):
         request = get_model_metadata_pb2.GetModelMetadataRequest()
         self._spec(request.model_spec)
         request.metadata_field.append("signature_def")
+        from google.protobuf.message import DecodeError
+
         response = self._call(self.predictions.GetModelMetadata, request)
         signature_map = get_model_metadata_pb2.SignatureDefMap()
-        response.metadata["signature_def"].Unpack(signature_map)
+        with parsing(self.target):
+            try:
+                if not response.metadata["signature_def"].Unpack(signature_map):
+                    raise Malformed(f"metadata.signature_def is a {response.metadata['signature_def'].type_url}, "
+                                    "not a SignatureDefMap")
+            except DecodeError as e:
+                raise Malformed(f"metadata.signature_def does not parse ({e})") from None
         return {
             "name": response.model_spec.name,
             "version": response.model_spec.version.value,

@@ -26,7 +26,7 @@ class V2Transport(HttpTransport):
         response = self._send(method, f"{self.url}/v2{path}", **kwargs)
         header_length = response.headers.get("Inference-Header-Content-Length", "").strip()
         try:
-            body = parse_json(response.content[: int(header_length)] if header_length.isdigit() else response.content)
+            body = parse_json(response.content[: int(header_length)] if header_length.isascii() and header_length.isdigit() else response.content)
         except ValueError:
             body = None
         self._raise_if_not_ready(response, body)
@@ -132,7 +132,7 @@ class V2Transport(HttpTransport):
             if not isinstance(versions, list):
                 raise Malformed(f"versions is {kind(versions)}, not a list")
             versions = [str(v) for v in versions]
-            if all(v.isdigit() for v in versions):
+            if all(v.isascii() and v.isdigit() for v in versions):
                 versions = sorted(int(v) for v in versions)
             else:
                 versions = sorted(versions)

@@ -84,7 +84,7 @@ class V2GrpcTransport(GrpcTransport):
     def info(self):
         metadata = self._model_metadata()
         versions = list(metadata.versions)
-        versions = sorted(int(v) for v in versions) if all(v.isdigit() for v in versions) else sorted(versions)
+        versions = sorted(int(v) for v in versions) if all(v.isascii() and v.isdigit() for v in versions) else sorted(versions)
 
         def tensors(entries):
             return {t.name: {"datatype": t.datatype, "shape": list(t.shape)} for t in entries}

@@ -25,8 +25,7 @@ def from_settings(settings, metrics=None):
             settings.model_dir, settings.model_name, settings.runtime, max_batch=settings.max_batch,
             batch_wait_ms=settings.batch_wait_ms, poll_s=settings.model_poll_s, threads=settings.runtime_threads or None,
             on_batch=on_batch, on_load=metrics and metrics.model_loaded, on_skip=metrics and metrics.version_skipped,
-            max_queue=settings.max_queue, timeout_s=settings.predict_timeout_s,
-            on_waiting=metrics.queued.set if metrics is not None else None,
+            timeout_s=settings.predict_timeout_s,
             config_file=settings.model_config_file, config_poll_s=settings.model_config_poll_s,
         )
     remote = {"tfserving-rest": (TFServingRestBackend, settings.tfserving_rest_url),

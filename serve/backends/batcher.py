@@ -13,7 +13,13 @@ instead: handing it to the batcher thread and back costs two thread switches, a 
 share of a single-image call. A lock keeps one model call at a time either way, so requests
 that arrive meanwhile queue up and run together in the next batch.
 
-With traces on (:mod:`serve.tracing`) each model call is a ``serve.model`` span: in the request's
+Each request waits for its answer until its deadline (``time.monotonic()``; the core's, which is the caller's
+capped by ``SERVE_PREDICT_TIMEOUT_S``), then gives up with ``TimeoutError``; a request whose deadline passed
+while it queued is dropped from its batch, never run: under more load than the model can answer, the
+work done is work someone still waits for. How many images a worker holds at once is the core's to bound
+(``SERVE_MAX_QUEUE``, :mod:`serve.core.service`).
+
+With traces on (:mod:`serve.telemetry.tracing`) each model call is a ``serve.model`` span: in the request's
 thread a child of its span; on the batcher's thread a child of the first request's, linked to the
 others'. A request that queued has a ``serve.batch_wait`` span for the time it waited.
 """
@@ -21,45 +27,39 @@ others'. A request that queued has a ``serve.batch_wait`` span for the time it w
 import collections
 import queue
 import threading
+import time
 
 import numpy as np
 
-from serve import tracing
+from serve.telemetry import tracing
 
 
 class _Item:
-    __slots__ = ("images", "done", "result", "error", "context")
+    __slots__ = ("images", "deadline", "done", "result", "error", "context")
 
-    def __init__(self, images):
+    def __init__(self, images, deadline):
         self.images = images
+        self.deadline = deadline
         self.done = threading.Event()
         self.result = None
         self.error = None
         self.context = tracing.current()  # the request's trace context, for the batch's span
 
 
-class Overloaded(RuntimeError):
-    """More images are waiting than ``max_queue`` allows: the request is refused before it queues."""
-
-
 class Batcher:
     """Run ``fn(uint8 [N, ...]) -> {name: array [N, ...]}`` on batches gathered from many threads.
 
-    At most ``max_queue`` images wait at once (more raises :class:`Overloaded` at once), and a request
-    waits at most ``timeout_s`` for its answer (then ``TimeoutError``): a worker under more load
-    than it can answer sheds it instead of letting every request wait.
+    A request without a deadline waits at most ``timeout_s`` (None: as long as it takes).
     """
 
-    def __init__(self, fn, max_batch=32, max_wait_s=0.002, on_batch=None, max_queue=None, timeout_s=None, on_waiting=None):
+    def __init__(self, fn, max_batch=32, max_wait_s=0.002, on_batch=None, timeout_s=None):
         self._fn = fn
         self.max_batch = max(1, int(max_batch))
         self.max_wait_s = max(0.0, float(max_wait_s))
-        self.max_queue = max_queue
         self.timeout_s = timeout_s
-        self._waiting = 0  # images queued or running, over every request
-        self._counting = threading.Lock()
-        self._on_waiting = on_waiting  # on_waiting(images): the count after each change (a gauge)
         self._on_batch = on_batch
+        self._queued = 0  # images handed to the batcher thread and not yet run
+        self._counting = threading.Lock()
         self._queue = queue.Queue()
         self._running = threading.Lock()  # held during every model call, inline or batched
         #: How many batches of each size ran (tests and /metrics read it).
@@ -67,43 +67,12 @@ class Batcher:
         self._thread = threading.Thread(target=self._loop, name="batcher", daemon=True)
         self._thread.start()
 
-    def submit(self, images):
-        """Run ``images`` (uint8 ``[n, ...]``) in the next batch; block until its outputs are ready."""
-        self._admit(len(images))
-        try:
-            return self._submit(images)
-        finally:
-            with self._counting:
-                self._waiting -= len(images)
-                self._tell(self._waiting)
-
-    def _admit(self, count):
-        with self._counting:
-            if self.max_queue is not None and self._waiting and self._waiting + count > self.max_queue:
-                raise Overloaded(f"{self._waiting} images are already waiting for the model; this worker queues at most "
-                                 f"{self.max_queue} (SERVE_MAX_QUEUE)")
-            self._waiting += count
-            self._tell(self._waiting)
-
-    def _tell(self, waiting):
-        if self._on_waiting is not None:
-            try:
-                self._on_waiting(waiting)
-            except Exception:  # nosec B110  # a failing metrics hook must never fail a request
-                pass
-
-    @property
-    def waiting(self):
-        """Images queued or running now."""
-        return self._waiting
-
-    def _wait(self, item):
-        if not item.done.wait(self.timeout_s):
-            raise TimeoutError(f"the model did not answer within {self.timeout_s:g} s (SERVE_PREDICT_TIMEOUT_S)")
-
-    def _submit(self, images):
+    def submit(self, images, deadline=None):
+        """Run ``images`` (uint8 ``[n, ...]``) in the next batch; block until its outputs are ready, or ``deadline``."""
+        if deadline is None and self.timeout_s is not None:
+            deadline = _now() + self.timeout_s
         if len(images) > self.max_batch:
-            return self._submit_parts(images)
+            return self._submit_parts(images, deadline)
         if self._queue.empty() and self._running.acquire(blocking=False):
             try:
                 if self._queue.empty():  # still idle now that the model is ours
@@ -113,26 +82,36 @@ class Batcher:
                     return outputs
             finally:
                 self._running.release()
-        item = _Item(images)
+        item = _Item(images, deadline)
         with tracing.span("serve.batch_wait", {"serve.images": len(images)}):
-            self._queue.put(item)
-            self._wait(item)
+            self._enqueue(item)
+            _wait(item)
         if item.error is not None:
             raise item.error
         return item.result
 
-    def _submit_parts(self, images):
+    def _submit_parts(self, images, deadline):
         """Queue ``images`` as parts of at most ``max_batch``; their outputs joined in order."""
-        items = [_Item(images[start : start + self.max_batch]) for start in range(0, len(images), self.max_batch)]
+        items = [_Item(images[start : start + self.max_batch], deadline) for start in range(0, len(images), self.max_batch)]
         with tracing.span("serve.batch_wait", {"serve.images": len(images), "serve.parts": len(items)}):
             for item in items:
-                self._queue.put(item)
+                self._enqueue(item)
             for item in items:
-                self._wait(item)
+                _wait(item)
         errors = [item.error for item in items if item.error is not None]
         if errors:
             raise errors[0]
         return {name: np.concatenate([item.result[name] for item in items]) for name in items[0].result}
+
+    def _enqueue(self, item):
+        with self._counting:
+            self._queued += len(item.images)
+        self._queue.put(item)
+
+    @property
+    def queued(self):
+        """Images handed to the batcher thread and not yet run (waiting for a model call another request holds)."""
+        return self._queued
 
     def close(self):
         self._queue.put(None)
@@ -146,13 +125,15 @@ class Batcher:
             carry = None
             if first is None:
                 return
-            batch = [first]
-            # Take what is already waiting, never blocking.
-            size, carry, stop = self._gather(batch, len(first.images), deadline=None)
-            # Busy: the last batch was bigger than this one, so wait briefly for the rest.
-            if not stop and carry is None and size < self.max_batch and self.max_wait_s and last_size > size:
-                size, carry, stop = self._gather(batch, size, deadline=_now() + self.max_wait_s)
-            self._run(batch, size)
+            # The batch is gathered once the model is free, so every request that queued while it ran joins it.
+            with self._running:
+                batch = [first]
+                # Take what is already waiting, never blocking.
+                size, carry, stop = self._gather(batch, len(first.images), deadline=None)
+                # Busy: the last batch was bigger than this one, so wait briefly for the rest.
+                if not stop and carry is None and size < self.max_batch and self.max_wait_s and last_size > size:
+                    size, carry, stop = self._gather(batch, size, deadline=_now() + self.max_wait_s)
+                self._run(batch, size)
             last_size = size
             if stop:
                 return
@@ -183,8 +164,23 @@ class Batcher:
         return size, None, False
 
     def _run(self, batch, size):
-        with self._running:
-            self._run_locked(batch, size)
+        now = _now()
+        late = [item for item in batch if item.deadline is not None and item.deadline <= now]
+        if late:  # their callers have given up: no model time for them
+            self._dequeued(late)
+            for item in late:
+                item.error = TimeoutError("the request's deadline passed while it waited for the model")
+                item.done.set()
+            batch = [item for item in batch if item not in late]
+            size = sum(len(item.images) for item in batch)
+            if not batch:
+                return
+        self._dequeued(batch)
+        self._run_locked(batch, size)
+
+    def _dequeued(self, items):
+        with self._counting:
+            self._queued -= sum(len(item.images) for item in items)
 
     def _run_locked(self, batch, size):
         try:
@@ -213,7 +209,12 @@ class Batcher:
                 pass
 
 
-def _now():
-    import time
+def _wait(item):
+    """Wait for ``item``'s outputs until its deadline; ``TimeoutError`` past it."""
+    timeout = None if item.deadline is None else max(0.0, item.deadline - _now())
+    if not item.done.wait(timeout):
+        raise TimeoutError("the model did not answer by the request's deadline")
 
+
+def _now():
     return time.monotonic()

@@ -13,10 +13,10 @@ import threading
 import time
 
 from contract import OUTPUT_PROBABILITIES
-from serve import model_config, published
+from serve.backends import model_config, published
 from serve.backends import runtimes
 from serve.backends.version import Batching, LoadedVersion
-from serve.core.errors import NotServed, ServeError
+from serve.core.errors import NotServed, ServeError, Unavailable
 from serve.core.model import readiness_images
 
 RELOAD_INTERVAL_S = 5.0  # how often a backend that failed to load tries again
@@ -42,7 +42,7 @@ class LocalBackend:
     kind = "local"
 
     def __init__(self, model_dir, name, runtime, *, max_batch, batch_wait_ms, poll_s, threads=None, on_batch=None,
-                 on_load=None, on_skip=None, max_queue=None, timeout_s=None, on_waiting=None, config_file=None,
+                 on_load=None, on_skip=None, timeout_s=None, config_file=None,
                  config_poll_s=0.0):
         self.model_dir = str(model_dir)
         self.name = name
@@ -60,7 +60,7 @@ class LocalBackend:
         self.model_dir = self._config.base_path
         self._states = {}  # version -> LOADING, AVAILABLE, UNLOADING or END, for the status routes
         self._swapping, self._refreshing = threading.Lock(), threading.Lock()
-        self._batching = Batching(max_batch, batch_wait_ms / 1000.0, on_batch, max_queue, timeout_s, on_waiting)
+        self._batching = Batching(max_batch, batch_wait_ms / 1000.0, on_batch, timeout_s)
         self._lock = threading.Lock()
         self._served = None  # a _Served once loaded
         self._infos = (None, {})  # (the _Served they describe, {version: ModelInfo}): see _refresh
@@ -88,12 +88,12 @@ class LocalBackend:
             self._poll()
             return served
         if not self._lock.acquire(blocking=wait):
-            raise ServeError(f"the model in {self.model_dir} is still loading", 503)
+            raise Unavailable(f"the model in {self.model_dir} is still loading")
         try:
             if self._served is not None:
                 return self._served
             if self._tried_at is not None and time.monotonic() - self._tried_at < RELOAD_INTERVAL_S:
-                raise ServeError(self._error, 503)
+                raise Unavailable(self._error)
             self._tried_at = time.monotonic()
             try:
                 self._publish(self._config, self._first_load(), dict(self._config.labels))
@@ -103,7 +103,7 @@ class LocalBackend:
                 self._error = str(e)
             except Exception as e:  # a broken SavedModel must not take the worker down
                 self._error = f"cannot load the model from {self.model_dir}: {type(e).__name__}: {e}"
-            raise ServeError(self._error, 503)
+            raise Unavailable(self._error)
         finally:
             self._lock.release()
 
@@ -113,11 +113,11 @@ class LocalBackend:
         if not available:
             saved = published.versions(self.model_dir)
             if saved:  # versions there are, but none this runtime can serve: say why
-                raise ServeError(runtimes.missing_reason(os.path.join(self.model_dir, str(saved[-1])), self.runtime), 503)
-            raise ServeError(f"no model versions (directories N/ with a saved_model.pb) under {self.model_dir}", 503)
+                raise Unavailable(runtimes.missing_reason(os.path.join(self.model_dir, str(saved[-1])), self.runtime))
+            raise Unavailable(f"no model versions (directories N/ with a saved_model.pb) under {self.model_dir}")
         wanted = self._config.select(available)
         if not wanted:
-            raise ServeError(f"the model config selects none of the versions under {self.model_dir}", 503)
+            raise Unavailable(f"the model config selects none of the versions under {self.model_dir}")
         self._note_skipped(wanted[-1], available)
         loaded = {}
         try:
@@ -125,8 +125,8 @@ class LocalBackend:
                 self._set_state(version, LOADING)
                 loaded[version] = self._load_version(version)
             if (missing := self._config.unlabelled(loaded)) is not None:
-                raise ServeError(f"label {missing[0]!r} names version {missing[1]} of model {self.name}, which is not "
-                                 f"available (loaded: {', '.join(map(str, loaded))})", 503)
+                raise Unavailable(f"label {missing[0]!r} names version {missing[1]} of model {self.name}, which is not "
+                                  f"available (loaded: {', '.join(map(str, loaded))})")
         except Exception:
             for state in loaded.values():
                 state.close()
@@ -148,6 +148,13 @@ class LocalBackend:
         available = runtimes.versions(self.model_dir, self.runtime)
         self._note_skipped(served.default, available)
         config = self._config
+        if config is not served.config and not config.select(available):
+            # As TF Serving refuses such a config: applying it would serve nothing. Keep the one in force, and stop
+            # looking at the model directory on every request until the file changes again.
+            log.error("model config refused: %s selects none of the published versions (%s); keeping the one read "
+                      "before", config.source, ", ".join(map(str, available)) or "none")
+            self._config = served.config
+            return
         wanted = config.select(self._candidates(available, served, now))
         if not wanted or (config is served.config and wanted == tuple(sorted(served.loaded))):
             return
@@ -316,21 +323,18 @@ class LocalBackend:
             self._states[version] = state
         self._refresh()
 
-    def infer(self, images, version=None):
+    def infer(self, images, version=None, deadline=None):
         served = self._load()  # one snapshot for the whole call: the answer names the version that gave it
-        return self._version(served, version).predict(images)
-
-    def predict(self, images):
-        return self.infer(images).outputs  # serving_default's outputs for uint8 pixels, by the newest version
+        return self._version(served, version).predict(images, deadline)
 
     def run(self, signature_name, inputs, version=None):
         return self._version(self._load(), version).run(signature_name, inputs)
 
     def ready(self):
         served = self._load(wait=False)
-        outputs = self.predict(readiness_images())
+        outputs = self.infer(readiness_images()).outputs
         if outputs[OUTPUT_PROBABILITIES].shape[0] != 1:
-            raise ServeError("the probe prediction returned the wrong batch size", 503)
+            raise Unavailable("the probe prediction returned the wrong batch size")
         return served.default
 
     def close(self):

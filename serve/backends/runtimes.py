@@ -43,7 +43,8 @@ from contract import (
     SIGNATURE_PIXELS,
 )
 from contract.manifest import ManifestError
-from serve import published, signatures
+from serve.backends import published, signatures
+from serve.core.errors import BadRequest
 
 LITERT, LITERT_INT8, SAVEDMODEL = RUNTIME_LITERT, RUNTIME_LITERT_INT8, RUNTIME_SAVEDMODEL
 RUNTIMES = SERVING_RUNTIMES
@@ -51,10 +52,6 @@ DEFAULT_RUNTIME = DEFAULT_SERVING_RUNTIME  # LITERT, for the reasons above
 
 #: The file in a version directory that each runtime loads.
 MODEL_FILES = {LITERT: LITERT_FILE, LITERT_INT8: LITERT_INT8_FILE, SAVEDMODEL: published.SAVED_MODEL_FILE}
-
-
-class InputError(ValueError):
-    """Inputs the model cannot take (an HTTP 400)."""
 
 
 def check(runtime):
@@ -69,7 +66,7 @@ def default_threads():
 
     A lone request then has the idle cores to itself; under load the batcher's batches keep the
     calls few. On the 2-core benchmark machine, two threads a call answered single images at c=1
-    about 1 ms sooner than one thread a worker, and no slower at c=32 (``bench/serving.py
+    about 1 ms sooner than one thread a worker, and no slower at c=32 (``python -m bench.serving.speed
     --servers litert,litert@1``; docs/benchmarks.md). Where a CPU limit caps the process below
     the cores it sees (a container), set ``SERVE_RUNTIME_THREADS`` to fit the limit instead.
     """
@@ -100,11 +97,11 @@ def load(runtime, version_dir, threads=None):
     path = os.path.join(version_dir, MODEL_FILES[runtime])
     if not os.path.isfile(path):
         raise FileNotFoundError(missing_reason(version_dir, runtime))
-    signature_defs = signatures.signature_defs_json(os.path.join(version_dir, published.SAVED_MODEL_FILE))
+    typed = signatures.of_saved_model(os.path.join(version_dir, published.SAVED_MODEL_FILE))
     if runtime == SAVEDMODEL:
-        model = SavedModel(version_dir, signature_defs)
+        model = SavedModel(version_dir, typed)
     else:
-        model = LiteRT(runtime, path, signature_defs, threads or default_threads())
+        model = LiteRT(runtime, path, typed, threads or default_threads())
     outputs = model.pixels(np.zeros((1, IMAGE_SIZE, IMAGE_SIZE, CHANNELS), np.uint8))  # fail here, not on a request
     if np.asarray(outputs[OUTPUT_PROBABILITIES]).shape[0] != 1:
         raise ValueError(f"{path} returned the wrong batch size on a probe image")
@@ -117,12 +114,12 @@ def load(runtime, version_dir, threads=None):
 class LiteRT:
     """A ``.tflite`` model in LiteRT's interpreter (XNNPACK)."""
 
-    def __init__(self, runtime, path, signature_defs, threads):
+    def __init__(self, runtime, path, signatures, threads):
         from ai_edge_litert.interpreter import Interpreter
 
         self.runtime = runtime
         self.threads = threads
-        self.signature_defs = signature_defs
+        self.signatures = signatures
         # model_path, not model_content: the file is memory-mapped, so workers share its pages.
         self._interpreter = Interpreter(model_path=path, num_threads=threads)
         available = self._interpreter.get_signature_list()
@@ -137,7 +134,7 @@ class LiteRT:
     def call(self, signature_name, inputs, pixels):
         if signature_name == SIGNATURE_PIXELS:
             return pixels(inputs[INPUT_PIXELS])
-        raise InputError(f"the {self.runtime} runtime does not run signature {signature_name!r}")
+        raise BadRequest(f"the {self.runtime} runtime does not run signature {signature_name!r}")
 
 
 class SavedModel:
@@ -146,11 +143,11 @@ class SavedModel:
     runtime = SAVEDMODEL
     threads = None  # TensorFlow's own thread pools
 
-    def __init__(self, version_dir, signature_defs):
+    def __init__(self, version_dir, signatures):
         import tensorflow as tf
 
         self._tf = tf
-        self.signature_defs = signature_defs
+        self.signatures = signatures
         self._loaded = tf.saved_model.load(version_dir)  # keeps the functions' variables alive
         self._functions = {name: self._loaded.signatures[name] for name in self._loaded.signatures.keys()}
         if SIGNATURE_PIXELS not in self._functions:
@@ -166,10 +163,10 @@ class SavedModel:
         if signature_name == SIGNATURE_PIXELS and list(inputs) == [INPUT_PIXELS]:
             return pixels(inputs[INPUT_PIXELS])
         if signature_name not in self._functions:
-            raise InputError(f"signature {signature_name!r} not found; this model has {sorted(self._functions)}")
+            raise BadRequest(f"signature {signature_name!r} not found; this model has {sorted(self._functions)}")
         try:
             outputs = self._functions[signature_name](**{k: tf.convert_to_tensor(v) for k, v in inputs.items()})
         except (tf.errors.InvalidArgumentError, ValueError, TypeError) as e:
             message = getattr(e, "message", None) or str(e)
-            raise InputError(f"the model rejected the input: {message.strip().splitlines()[0]}") from None
+            raise BadRequest(f"the model rejected the input: {message.strip().splitlines()[0]}") from None
         return {key: value.numpy() for key, value in outputs.items()}

@@ -14,9 +14,10 @@ import time
 import numpy as np
 
 from contract import INPUT_PIXELS, OUTPUT_CLASS_IDS, OUTPUT_CLASS_NAMES, OUTPUT_PROBABILITIES, SIGNATURE_PIXELS
-from serve import published, signatures, tracing
-from serve.core.errors import NotServed, ServeError
+from serve.backends import published, signatures
+from serve.core.errors import BadRequest, NotFound, NotServed, ServeError, Shed, Unavailable
 from serve.core.model import ModelInfo, Prediction, readiness_images
+from serve.telemetry import tracing
 from tfs_protos import tensors
 
 METADATA_TTL_S = 30.0  # how long a TF Serving backend trusts the metadata it fetched
@@ -57,43 +58,40 @@ class _RemoteBackend:
         if version is None or int(version) == info.version:
             return info
         if int(version) not in info.versions:
-            raise NotServed(self.name, version, info.versions, f"model {self.name!r} has no version {version}")
+            raise NotServed(f"model {self.name!r} has no version {version}", name=self.name, version=version,
+                            versions=info.versions)
         return dataclasses.replace(info, version=int(version))
 
     def _info(self):
         with self._lock:
             if self._meta is not None and time.monotonic() - self._meta_at < METADATA_TTL_S:
                 return self._meta
-        signature_defs, versions = self._fetch_metadata()
-        info = ModelInfo.build(self.name, max(versions) if versions else None, signature_defs, self._manifest,
+        typed, versions = self._fetch_metadata()
+        info = ModelInfo.build(self.name, max(versions) if versions else None, typed, self._manifest,
                                versions=tuple(sorted(versions)))
         with self._lock:
             self._meta, self._meta_at = info, time.monotonic()
         return info
 
-    def infer(self, images, version=None):
-        outputs = self.run(SIGNATURE_PIXELS, {INPUT_PIXELS: images}, version)
+    def infer(self, images, version=None, deadline=None):
+        outputs = self.run(SIGNATURE_PIXELS, {INPUT_PIXELS: images}, version, deadline)
         if self._on_batch is not None:
             step = self.max_batch or len(images) or 1
             for start in range(0, len(images), step):
                 self._on_batch(min(step, len(images) - start))
         return Prediction(self.info().version if version is None else int(version), outputs)
 
-    def predict(self, images):
-        """``serving_default``'s outputs for uint8 pixels, by the newest version."""
-        return self.infer(images).outputs
-
-    def run(self, signature_name, inputs, version=None):
-        """One TF Serving call per ``max_batch`` rows; the outputs concatenated in order."""
+    def run(self, signature_name, inputs, version=None, deadline=None):
+        """One TF Serving call per ``max_batch`` rows, all by ``deadline``; the outputs concatenated in order."""
         chunks = _split(inputs, self.max_batch)
         if len(chunks) == 1:
-            return self._run_once(signature_name, chunks[0], version)
-        parts = [self._run_once(signature_name, chunk, version) for chunk in chunks]
+            return self._run_once(signature_name, chunks[0], version, self._budget(deadline))
+        parts = [self._run_once(signature_name, chunk, version, self._budget(deadline)) for chunk in chunks]
         outputs = {}
         for key in parts[0]:
             arrays = [np.asarray(part[key]) for part in parts]
             if any(a.ndim == 0 for a in arrays):
-                raise ServeError(f"output {key!r} has no batch dimension; send at most {self.max_batch} rows", 400)
+                raise BadRequest(f"output {key!r} has no batch dimension; send at most {self.max_batch} rows")
             outputs[key] = np.concatenate(arrays)
         return outputs
 
@@ -101,15 +99,24 @@ class _RemoteBackend:
         info = self.info()
         outputs = self.run(SIGNATURE_PIXELS, {INPUT_PIXELS: readiness_images()})
         if np.asarray(outputs[OUTPUT_PROBABILITIES]).shape[0] != 1:
-            raise ServeError("the probe prediction returned the wrong batch size", 503)
+            raise Unavailable("the probe prediction returned the wrong batch size")
         return info.version
+
+    def _budget(self, deadline):
+        """``(seconds, late)`` for one call: ``TFSERVING_TIMEOUT_S``, or less when the request's deadline comes first, and
+        the error to raise when they pass (the request's own ``Shed("timeout")``, else TF Serving's 503)."""
+        seconds = self.timeout_s
+        if deadline is not None and deadline - time.monotonic() < seconds:
+            return max(0.001, deadline - time.monotonic()), Shed("the request's deadline passed while TF Serving answered",
+                                                                 "timeout")
+        return seconds, Unavailable(f"TF Serving at {self._address} did not answer within {self.timeout_s:g} s")
 
     def _output_dtypes(self, signature_name):
         try:
-            sig = self.info().signature_defs.get(signature_name, {})
+            signature = self.info().signatures.get(signature_name)
         except ServeError:
-            sig = {}
-        dtypes = signatures.output_dtypes(sig)
+            signature = None
+        dtypes = {key: spec.numpy for key, spec in signature.outputs.items()} if signature is not None else {}
         dtypes.setdefault(OUTPUT_PROBABILITIES, np.float32)
         dtypes.setdefault(OUTPUT_CLASS_IDS, np.int64)
         dtypes.setdefault(OUTPUT_CLASS_NAMES, object)
@@ -128,13 +135,13 @@ class TFServingRestBackend(_RemoteBackend):
         import requests
 
         super().__init__(name, timeout_s, model_dir, on_batch, max_batch=max_batch)
-        self.url = url.rstrip("/")
+        self.url = self._address = url.rstrip("/")
         self._session = requests.Session()
 
-    def _request(self, method, path, body=None):
+    def _request(self, method, path, body=None, budget=None):
         url = f"{self.url}/v1/models/{self.name}{path}"
-        deadline = time.monotonic() + self.timeout_s
-        late = ServeError(f"TF Serving at {self.url} did not answer within {self.timeout_s:g} s", 503)
+        seconds, late = budget or self._budget(None)
+        deadline = time.monotonic() + seconds
         with tracing.span(f"tfserving {method}", {"http.request.method": method, "url.full": url}, tracing.CLIENT):
             return self._request_once(method, url, body, deadline, late)
 
@@ -152,7 +159,7 @@ class TFServingRestBackend(_RemoteBackend):
             except requests.ConnectionError as e:
                 # A pooled connection may be stale after TF Serving restarted: retry once on a fresh one.
                 if attempt == 2 or time.monotonic() >= deadline:
-                    raise ServeError(f"TF Serving at {self.url} is unreachable ({type(e).__name__})", 503) from None
+                    raise Unavailable(f"TF Serving at {self.url} is unreachable ({type(e).__name__})") from None
         with response:
             data = _read_body(response, deadline, late, self.url)
         try:
@@ -161,40 +168,43 @@ class TFServingRestBackend(_RemoteBackend):
             payload = None
         if response.status_code >= 400:
             error = payload.get("error") if isinstance(payload, dict) else data[:200].decode("utf-8", "replace")
-            status = response.status_code if response.status_code in (400, 404) else 503
-            raise ServeError(f"TF Serving: {error or response.reason}", status)
+            kind = {400: BadRequest, 404: NotFound}.get(response.status_code, Unavailable)
+            raise kind(f"TF Serving: {error or response.reason}")
         if not isinstance(payload, dict):
-            raise ServeError(f"TF Serving at {self.url} answered {response.status_code} with a body that is not a JSON "
-                             "object", 503)
+            raise Unavailable(f"TF Serving at {self.url} answered {response.status_code} with a body that is not a JSON "
+                              "object")
         return payload
 
     def _fetch_metadata(self):
         status = self._request("GET", "")
-        versions = [
-            int(v["version"]) for v in status.get("model_version_status", []) if v.get("state") == "AVAILABLE"
-        ]
         meta = self._request("GET", "/metadata")
-        defs = meta.get("metadata", {}).get("signature_def", {}).get("signature_def", {})
-        return {k: v for k, v in defs.items() if k != signatures.INIT_OP}, versions
+        try:
+            versions = [int(v["version"]) for v in status.get("model_version_status", []) if v.get("state") == "AVAILABLE"]
+            defs = meta.get("metadata", {}).get("signature_def", {}).get("signature_def", {})
+            return signatures.of_json(defs), versions
+        except (AttributeError, KeyError, TypeError, ValueError) as e:
+            raise Unavailable(f"TF Serving at {self.url} answered a status or metadata this server cannot read "
+                              f"({type(e).__name__})") from None
 
-    def _run_once(self, signature_name, inputs, version=None):
+    def _run_once(self, signature_name, inputs, version=None, budget=None):
         body = {"signature_name": signature_name, "inputs": {k: _to_json(v) for k, v in inputs.items()}}
         path = f"/versions/{int(version)}:predict" if version is not None else ":predict"
-        payload = self._request("POST", path, body)
+        payload = self._request("POST", path, body, budget)
         if "outputs" not in payload:
-            raise ServeError(f"TF Serving at {self.url} answered without \"outputs\"", 503)
+            raise Unavailable(f"TF Serving at {self.url} answered without \"outputs\"")
         outputs = payload["outputs"]
         dtypes = self._output_dtypes(signature_name)
         if not isinstance(outputs, dict):  # a single-output signature comes back bare
-            declared = list(self.info().signature_defs.get(signature_name, {}).get("outputs", {}))
+            signature = self.info().signatures.get(signature_name)
+            declared = list(signature.outputs) if signature is not None else []
             if len(declared) != 1:
-                raise ServeError(f"TF Serving at {self.url} answered one bare output for signature {signature_name!r}, "
-                                 f"which has {len(declared)}", 503)
+                raise Unavailable(f"TF Serving at {self.url} answered one bare output for signature {signature_name!r}, "
+                                  f"which has {len(declared)}")
             outputs = {declared[0]: outputs}
         try:
             return {key: _from_json(value, dtypes.get(key)) for key, value in outputs.items()}
         except (TypeError, ValueError) as e:
-            raise ServeError(f"TF Serving at {self.url} answered outputs that are not tensors ({e})", 503) from None
+            raise Unavailable(f"TF Serving at {self.url} answered outputs that are not tensors ({e})") from None
 
 
 def _read_body(response, deadline, late, url):
@@ -207,8 +217,8 @@ def _read_body(response, deadline, late, url):
     import requests
 
     declared = response.headers.get("Content-Length")
-    if declared is not None and declared.isdigit() and int(declared) > MAX_ANSWER_BYTES:
-        raise ServeError(f"TF Serving at {url} answered {declared} bytes; at most {MAX_ANSWER_BYTES} are read", 503)
+    if declared is not None and declared.isascii() and declared.isdigit() and int(declared) > MAX_ANSWER_BYTES:
+        raise Unavailable(f"TF Serving at {url} answered {declared} bytes; at most {MAX_ANSWER_BYTES} are read")
     watchdog = threading.Timer(max(0.0, deadline - time.monotonic()), _shut, args=(response.raw,))
     watchdog.daemon = True
     watchdog.start()
@@ -217,14 +227,14 @@ def _read_body(response, deadline, late, url):
         for chunk in response.iter_content(65536):
             size += len(chunk)
             if size > MAX_ANSWER_BYTES:
-                raise ServeError(f"TF Serving at {url} answered more than {MAX_ANSWER_BYTES} bytes", 503)
+                raise Unavailable(f"TF Serving at {url} answered more than {MAX_ANSWER_BYTES} bytes")
             chunks.append(chunk)
             if time.monotonic() >= deadline:
                 raise late
     except (requests.RequestException, OSError, ValueError):
         if time.monotonic() >= deadline:
             raise late from None
-        raise ServeError(f"TF Serving at {url} broke off its answer", 503) from None
+        raise Unavailable(f"TF Serving at {url} broke off its answer") from None
     finally:
         watchdog.cancel()
     return b"".join(chunks)
@@ -293,7 +303,7 @@ class TFServingGrpcBackend(_RemoteBackend):
         from tfs_protos.tensorflow_serving.apis import prediction_service_pb2_grpc
 
         super().__init__(name, timeout_s, model_dir, on_batch, max_batch=max_batch)
-        self.target = target
+        self.target = self._address = target
         # Short reconnect back-off, so the server notices a restarted TF Serving quickly.
         self._channel = grpc.insecure_channel(
             target,
@@ -307,24 +317,25 @@ class TFServingGrpcBackend(_RemoteBackend):
         )
         self._stub = prediction_service_pb2_grpc.PredictionServiceStub(self._channel)
 
-    def _call(self, method, request):
+    def _call(self, method, request, budget=None):
         import grpc
 
+        seconds, late = budget or self._budget(None)
         try:
             with tracing.span(f"tfserving {method}", {"rpc.system": "grpc", "rpc.method": method}, tracing.CLIENT):
-                return getattr(self._stub, method)(request, timeout=self.timeout_s,
+                return getattr(self._stub, method)(request, timeout=seconds,
                                                    metadata=tuple(tracing.inject({}).items()) or None)
         except grpc.RpcError as e:
             code = e.code() if hasattr(e, "code") else None
             details = e.details() if hasattr(e, "details") else str(e)
             if code in (grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.FAILED_PRECONDITION):
-                raise ServeError(f"TF Serving: {details}", 400) from None
+                raise BadRequest(f"TF Serving: {details}") from None
             if code == grpc.StatusCode.NOT_FOUND:
-                raise ServeError(f"TF Serving: {details}", 404) from None
+                raise NotFound(f"TF Serving: {details}") from None
             if code == grpc.StatusCode.DEADLINE_EXCEEDED:
-                raise ServeError(f"TF Serving at {self.target} did not answer within {self.timeout_s:g} s", 503) from None
+                raise late from None
             name = code.name if code is not None else "error"
-            raise ServeError(f"TF Serving at {self.target} is unavailable ({name}: {details})", 503) from None
+            raise Unavailable(f"TF Serving at {self.target} is unavailable ({name}: {details})") from None
 
     def _fetch_metadata(self):
         from tfs_protos.tensorflow.core.protobuf import meta_graph_pb2  # noqa: F401  (SignatureDef, for Unpack)
@@ -337,9 +348,9 @@ class TFServingGrpcBackend(_RemoteBackend):
         defs = get_model_metadata_pb2.SignatureDefMap()
         response.metadata["signature_def"].Unpack(defs)
         version = response.model_spec.version.value
-        return signatures.signature_def_map_json(defs), ([version] if version else [])
+        return signatures.of_signature_defs(defs.signature_def), ([version] if version else [])
 
-    def _run_once(self, signature_name, inputs, version=None):
+    def _run_once(self, signature_name, inputs, version=None, budget=None):
         from tfs_protos.tensorflow_serving.apis import predict_pb2
 
         request = predict_pb2.PredictRequest()
@@ -349,7 +360,7 @@ class TFServingGrpcBackend(_RemoteBackend):
             request.model_spec.version.value = int(version)
         for key, value in inputs.items():
             request.inputs[key].CopyFrom(tensors.to_proto(value))
-        response = self._call("Predict", request)
+        response = self._call("Predict", request, budget)
         return {key: tensors.to_array(tensor) for key, tensor in response.outputs.items()}
 
     def close(self):

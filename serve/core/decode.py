@@ -8,14 +8,12 @@ import io
 import struct
 import warnings
 
-import numpy as np
-
 import simplejpeg
 from PIL import Image, UnidentifiedImageError
 
 from contract import CHANNELS, IMAGE_SIZE
 from contract.pixels import to_rgb32
-from serve.core.errors import ServeError
+from serve.core.errors import BadRequest, ServeError, TooLarge, Unsupported
 
 #: Pillow format names accepted; GIFs give their first frame.
 ALLOWED_FORMATS = ("PNG", "JPEG", "GIF", "BMP", "WEBP")
@@ -33,8 +31,8 @@ def decode(data, max_pixels):
     error message, comes from Pillow.
 
     Raises:
-      ServeError: 400 (not an image, truncated, empty), 413 (too many pixels), 415 (a
-        format outside ``ALLOWED_FORMATS``).
+      BadRequest: not an image, truncated, empty; TooLarge: too many pixels; Unsupported: a
+        format outside ``ALLOWED_FORMATS``.
     """
     if IMAGE_SIZE * IMAGE_SIZE <= max_pixels and (pixels := _decode_plain_jpeg(data)) is not None:
         return pixels, "JPEG"
@@ -50,20 +48,6 @@ def decode_many(datas, max_pixels):
         except ServeError as e:
             results.append(e)
     return results
-
-
-def decode_all(datas, max_pixels, name_of):
-    """uint8 ``[N, 32, 32, 3]`` for a tensor of encoded images, where the first bad one fails the request.
-
-    ``name_of(index)`` names an element in the error, as the caller's protocol names it.
-    """
-    results = decode_many(list(datas), max_pixels)
-    for index, result in enumerate(results):
-        if isinstance(result, ServeError):
-            raise ServeError(f"{name_of(index)} {result}", result.status)
-    if not results:
-        return np.zeros((0, IMAGE_SIZE, IMAGE_SIZE, CHANNELS), np.uint8)
-    return np.stack([pixels for pixels, _ in results])
 
 
 def declared_pixels(data):
@@ -93,7 +77,7 @@ def _decode_plain_jpeg(data):
     Plain: already 32x32, YCbCr or grey, no EXIF block (which may turn it) and no MPF block
     (an MPO, which Pillow names so), decoded without a single libjpeg warning (``strict``). Pillow
     and simplejpeg both run libjpeg-turbo with its defaults (accurate integer DCT, smooth chroma
-    upsampling), so the pixels are Pillow's (``tests/serve/test_serve_uploads.py`` checks).
+    upsampling), so the pixels are Pillow's (``tests/serve/core/test_decode.py`` checks).
     """
     if data[:3] != b"\xff\xd8\xff":
         return None
@@ -110,29 +94,29 @@ def _decode_plain_jpeg(data):
 
 def _decode_with_pillow(data, max_pixels):
     if not data:
-        raise ServeError("is empty")
+        raise BadRequest("is empty")
     try:
         image = Image.open(io.BytesIO(data), formats=ALLOWED_FORMATS)
     except UnidentifiedImageError:
-        raise ServeError(*_why_unidentified(data)) from None
+        raise _why_unidentified(data) from None
     except (Image.DecompressionBombWarning, Image.DecompressionBombError) as e:
-        raise ServeError(f"has too many pixels ({e})", 413) from None
+        raise TooLarge(f"has too many pixels ({e})") from None
     except Exception as e:  # Pillow raises many kinds on corrupt headers
-        raise ServeError(f"is not a readable image ({e})") from None
+        raise BadRequest(f"is not a readable image ({e})") from None
     with image:
         fmt = image.format
         width, height = image.size
         if width * height > max_pixels:
-            raise ServeError(f"has too many pixels ({width}x{height}; the limit is {max_pixels})", 413)
+            raise TooLarge(f"has too many pixels ({width}x{height}; the limit is {max_pixels})")
         try:
             pixels = to_rgb32(image)  # the same rule as training's loaders (contract.pixels)
         except (Image.DecompressionBombWarning, Image.DecompressionBombError) as e:
-            raise ServeError(f"has too many pixels ({e})", 413) from None
+            raise TooLarge(f"has too many pixels ({e})") from None
         except (OSError, ValueError, SyntaxError, EOFError) as e:
             # Truncated or corrupt data surfaces only when the pixels are decoded.
-            raise ServeError(f"is a damaged or truncated {fmt} image ({e})") from None
+            raise BadRequest(f"is a damaged or truncated {fmt} image ({e})") from None
     if pixels.shape != (IMAGE_SIZE, IMAGE_SIZE, CHANNELS):
-        raise ServeError(f"decoded to an unexpected shape {pixels.shape}")
+        raise BadRequest(f"decoded to an unexpected shape {pixels.shape}")
     return pixels, fmt
 
 
@@ -142,7 +126,7 @@ def _why_unidentified(data):
         with Image.open(io.BytesIO(data)) as other:
             fmt = other.format
     except (Image.DecompressionBombWarning, Image.DecompressionBombError):
-        return "has too many pixels", 413
+        return TooLarge("has too many pixels")
     except Exception:
-        return "is not an image (or not in a format this server reads)", 400
-    return f"is a {fmt} image; accepted formats are {', '.join(ALLOWED_FORMATS)}", 415
+        return BadRequest("is not an image (or not in a format this server reads)")
+    return Unsupported(f"is a {fmt} image; accepted formats are {', '.join(ALLOWED_FORMATS)}")

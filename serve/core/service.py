@@ -1,166 +1,89 @@
-"""The inference service: everything the protocols share, written once.
+"""The inference service: one request type in, one answer out, and everything the protocols share, written once.
 
-Every protocol adapter (:mod:`serve.protocols`) turns its wire format into a call here and the
-typed answer (or the one :class:`ServeError`) back into its wire format; nothing here knows Flask
-or HTTP. The service owns, for every protocol alike:
+Every protocol module (:mod:`serve.protocols`) turns its wire format into an
+:class:`~serve.core.request.InferRequest` and hands it to :meth:`InferenceService.infer`, which owns,
+for every protocol alike and in this order:
 
-* **version routing**: which model name and versions this server answers for (:meth:`model`);
-* **limits**: images per request, pixels per image (:class:`Limits`);
-* **decoding**: encoded images become pixels here, by :mod:`serve.core.decode` alone (a ``serve.decode``
-  span when traces are on, :mod:`serve.tracing`, which covers the wait for a decoding slot too);
-* **prediction**: the backend's :meth:`~serve.core.model.Backend.infer` (the local backend batches
-  concurrent calls), whose answer names the version that gave it;
-* **ranking, labels and confidence**: top-k with the manifest's class names, the out-of-distribution
-  score and verdict (:meth:`classify`, :meth:`top_k`);
-* **metrics of the answers**: images classified, top probabilities, scores, verdicts, each counted
-  exactly once per image whichever route it came by.
+* **the deadline**: the caller's own (gRPC's, HTTP's ``X-Request-Timeout``), capped by
+  ``SERVE_PREDICT_TIMEOUT_S``, which is also the deadline of a caller who gives none;
+* **version routing**: which model name, version or label answers (:meth:`model`);
+* **the signature**: it exists, its inputs are named, the outputs asked for are its own;
+* **load shedding**: a worker with ``SERVE_MAX_QUEUE`` images already in hand refuses more at once;
+* **every input check**, by :mod:`serve.core.tensors`: the image cap, declared sizes, types, ranges, shapes;
+* **decoding**: encoded images become pixels here, by :mod:`serve.core.decode` alone, within the pixel
+  cap and the request's pixel budget (a ``serve.decode`` span when traces are on);
+* **prediction**: the backend's :meth:`~serve.core.model.Backend.infer` by the deadline (the local backend
+  batches concurrent calls), whose answer names the version that gave it;
+* **ranking, labels and confidence** (:class:`~serve.core.request.InferResponse`), **readiness**
+  (:meth:`ready`: a probe prediction at most once a second), and **the metrics of the answers**: images
+  classified, top probabilities, scores, verdicts, each counted exactly once per image whichever route it came by.
+
+Who may call at all (keys, rate limits) is :mod:`serve.core.admission`'s, asked before the request is read.
 
 Typical usage (``create_app`` builds one per app)::
 
-    service = InferenceService(backend, "cifar10", Limits(max_images=256, max_pixels=4096 * 4096, top_k=3,
-                                                          max_request_pixels=4 * 4096 * 4096))
-    result = service.classify([Upload("cat.png", data)])
-    result.images[0].label
+    service = InferenceService(backend, "cifar10", Limits(max_images=256, max_pixels=4096 * 4096, top_k=3, ...))
+    answer = service.infer(InferRequest({"image_bytes": Tensor([Upload("cat.png", data)])},
+                                        signature="predict_images", per_image=True))
+    answer.images[0].label
 """
 
 import dataclasses
 import threading
-from collections.abc import Mapping
+import time
 
 import numpy as np
 
-from contract import INPUT_BYTES, INPUT_PIXELS, OUTPUT_IN_DISTRIBUTION, OUTPUT_OOD_SCORE, OUTPUT_PROBABILITIES, SIGNATURE_BYTES, SIGNATURE_PIXELS
-from contract.ranking import top_k as rank
-from serve import signatures, tracing
+from contract import CHANNELS, IMAGE_SIZE, INPUT_BYTES, INPUT_PIXELS, OUTPUT_IN_DISTRIBUTION, OUTPUT_OOD_SCORE, OUTPUT_PROBABILITIES, SIGNATURE_BYTES, SIGNATURE_PIXELS
 from serve.core import decode as decoder
-from serve.core.errors import NotServed, ServeError, Shed
+from serve.core import tensors
+from serve.core.errors import (BadRequest, DeadlineExceeded, ModelFailed, NotServed, ServeError, Shed, TooLarge,
+                               Unavailable, echo)
 from serve.core.model import Backend, ModelInfo
+from serve.core.request import Answered, InferRequest, InferResponse, Refused, Upload, float32_list, ranked
+from serve.telemetry import tracing
+
+_PIXELS = (IMAGE_SIZE, IMAGE_SIZE, CHANNELS)
+#: Seconds a readiness probe's result stands for: no number of probes drives more than one model call a second.
+PROBE_INTERVAL_S = 1.0
 
 
 @dataclasses.dataclass(frozen=True)
 class Limits:
-    """What one request may ask of the model (built from :class:`serve.settings.Settings`)."""
+    """What one request may ask of this worker (built by :meth:`serve.settings.Settings.limits`)."""
 
     max_images: int  # images in one request (SERVE_MAX_IMAGES)
     max_pixels: int  # pixels one image may declare (SERVE_MAX_PIXELS)
     top_k: int  # classes ranked when the request does not say (SERVE_TOP_K)
     max_request_pixels: int  # pixels all the images of one request may declare (SERVE_MAX_REQUEST_PIXELS)
+    max_tensor_bytes: int = 64 << 20  # bytes one input may declare: what one request may carry (SERVE_MAX_UPLOAD_MB)
     decode_concurrency: int = 1  # requests of this process decoding at once (SERVE_DECODE_CONCURRENCY)
-
-
-@dataclasses.dataclass(frozen=True)
-class Upload:
-    """One image of a request: its bytes, or ``error``, why the request's encoding of it could not be read."""
-
-    filename: str | None = None
-    data: bytes = b""
-    error: str | None = None  # e.g. "is not valid base64": the image is answered with a 400
-
-
-@dataclasses.dataclass(frozen=True)
-class Ranked:
-    """One class of an image's top k."""
-
-    label: str
-    class_id: int
-    probability: float
-
-    def public(self):
-        """As the JSON API shows it (``dataclasses.asdict`` deep-copies: a tenth of a 64-image answer's time)."""
-        return {"label": self.label, "class_id": self.class_id, "probability": self.probability}
-
-
-@dataclasses.dataclass(frozen=True)
-class Answered:
-    """An image the model answered: its top class, its top k, and how sure the model is."""
-
-    filename: str | None
-    top_k: tuple[Ranked, ...]
-    ood_score: float | None  # None for a model exported without one
-    in_distribution: bool | None  # None for a model exported without a threshold
-    format: str  # the decoded format (Pillow's name), for the page
-    data: bytes = dataclasses.field(repr=False, default=b"")  # the uploaded bytes, for the page
-
-    @property
-    def label(self):
-        return self.top_k[0].label
-
-    def public(self):
-        """As the JSON API shows it."""
-        best = self.top_k[0]
-        return {"filename": self.filename, "label": best.label, "class_id": best.class_id, "probability": best.probability,
-                "top_k": [r.public() for r in self.top_k], "ood_score": self.ood_score,
-                "in_distribution": self.in_distribution}
-
-
-@dataclasses.dataclass(frozen=True)
-class Refused:
-    """An image the model never saw, and why (``status``: the HTTP code it alone would get)."""
-
-    filename: str | None
-    error: str
-    status: int
-
-    def public(self):
-        return {"filename": self.filename, "error": self.error, "status": self.status}
-
-
-@dataclasses.dataclass(frozen=True)
-class Classification:
-    """The answer to a request of uploads: one :class:`Answered` or :class:`Refused` per upload, in order."""
-
-    model: ModelInfo
-    version: int | None  # the version that answered
-    images: tuple
-
-    @property
-    def all_refused(self):
-        return all(isinstance(image, Refused) for image in self.images)
-
-
-@dataclasses.dataclass(frozen=True)
-class Inference:
-    """The answer to a request of tensors: the signature's outputs and the version that gave them."""
-
-    model: ModelInfo
-    version: int | None
-    outputs: Mapping
-
-
-def float32_list(array):
-    """float32 values as the shortest decimals that round-trip (0.93, not 0.9300000071525879)."""
-    return np.asarray(array, np.float32).astype(str).astype(np.float64).tolist()
-
-
-def parse_top_k(value, default):
-    """``top_k`` from a query or form value; a 400 with a readable reason."""
-    if value is None or value == "":
-        return default
-    try:
-        top_k = int(value)
-    except (TypeError, ValueError):
-        raise ServeError(f"top_k must be a whole number, got {value!r}") from None
-    if top_k < 1:
-        raise ServeError(f"top_k must be at least 1, got {top_k}")
-    return top_k
+    max_queue: int | None = None  # images this worker holds at once before it sheds (SERVE_MAX_QUEUE)
+    timeout_s: float = 30.0  # the longest a request may take, and the deadline of one that names none (SERVE_PREDICT_TIMEOUT_S)
 
 
 class InferenceService:
     """One model name over one :class:`~serve.core.model.Backend`, with the limits and metrics every protocol shares."""
 
-    def __init__(self, backend: Backend, model_name: str, limits: Limits, metrics=None, on_answer=None):
+    def __init__(self, backend: Backend, model_name: str, limits: Limits, metrics=None, on_answer=None,
+                 clock=time.monotonic):
         self.backend = backend
         self.model_name = model_name
         self.limits = limits
         self._metrics = metrics
-        self._on_answer = on_answer  # on_answer(version, images): e.g. the request's log line (serve.logs)
+        self._on_answer = on_answer  # on_answer(version, images): e.g. the request's log line (serve.telemetry.logs)
+        self._clock = clock
         self._decoding = threading.BoundedSemaphore(max(1, limits.decode_concurrency))
+        self._holding = 0  # images admitted and not yet answered, over every request of this worker
+        self._counting = threading.Lock()
+        self._probe_lock = threading.Lock()
+        self._probed_at = self._probe_result = None
 
     @property
     def kind(self):
         return self.backend.kind
 
-    # -- the model and its versions ------------------------------------------------------
+    # -- the model, its versions and its readiness ---------------------------------------
     def info(self) -> ModelInfo:
         return self.backend.info()
 
@@ -172,52 +95,118 @@ class InferenceService:
         :class:`NotServed` (a 404), which each protocol words its own way.
         """
         if name is not None and name != self.model_name:
-            raise NotServed(name, version, (), f"unknown model {name!r}; this server serves {self.model_name!r}")
+            raise NotServed(f"unknown model {echo(name)}; this server serves {self.model_name!r}", name=name,
+                            version=version)
         info = self.backend.info()
         if label is not None:
             if version is not None:
-                raise ServeError(f"name a version ({version}) or a label ({label!r}), not both")
+                raise BadRequest(f"name a version ({echo(version)}) or a label ({echo(label)}), not both")
             if label not in info.labels:
                 known = ", ".join(sorted(info.labels)) or "none"
-                raise NotServed(name, None, info.versions, f"model {self.model_name!r} has no version label {label!r} "
-                                f"(labels: {known})", label=label)
+                raise NotServed(f"model {self.model_name!r} has no version label {echo(label)} (labels: {known})",
+                                name=name or self.model_name, label=label, versions=info.versions)
             version = info.labels[label]
         if version is None:
             return info
-        if str(version) not in [str(v) for v in info.versions]:
-            raise NotServed(name, version, info.versions, f"model {self.model_name!r} has no version {version!r} "
-                            f"(available: {', '.join(str(v) for v in info.versions)})")
-        return info if int(version) == info.version else self.backend.info(int(version))
-
-    def _route(self, name, version, label, info=None):
-        """``(info, version)``: the version a call runs on is the number a named ``version`` or ``label`` resolved
-        to, or None (the newest at the moment of the call, so a swap in between fails nothing)."""
-        if info is None:
-            info = self.model(name, version, label)
-        return info, (info.version if version is not None or label is not None else None)
+        number = _version_number(version)
+        if number is None or number not in info.versions:
+            shown = version if isinstance(version, int) else echo(version)
+            raise NotServed(f"model {self.model_name!r} has no version {shown} "
+                            f"(available: {', '.join(str(v) for v in info.versions)})", name=name or self.model_name,
+                            version=version, versions=info.versions)
+        return info if number == info.version else self.backend.info(number)
 
     def ready(self):
-        """The served version once a probe prediction succeeded; a 503 otherwise."""
-        return self.backend.ready()
+        """The served version once a probe prediction succeeded, run at most once every :data:`PROBE_INTERVAL_S`
+        seconds (every other caller gets its result); :class:`Unavailable` with the reason otherwise."""
+        if not self.backend.loaded:
+            # Still loading: the answer costs no model call, and must turn the moment the model is in.
+            return _unwrap(self._probe())
+        with self._probe_lock:  # one probe at a time; the others wait for its result
+            now = self._clock()
+            if self._probed_at is None or now - self._probed_at >= PROBE_INTERVAL_S:
+                self._probe_result = self._probe()
+                self._probed_at = self._clock()
+            result = self._probe_result
+        return _unwrap(result)
 
-    # -- limits and decoding -------------------------------------------------------------
-    def check_count(self, count):
-        """A 413 naming the limit when one request carries more images than ``SERVE_MAX_IMAGES``."""
-        if count > self.limits.max_images:
-            raise ServeError(f"the request holds {count} images; this server takes at most "
-                             f"{self.limits.max_images} per request (SERVE_MAX_IMAGES)", 413)
+    def _probe(self):
+        try:
+            return self.backend.ready()
+        except ServeError as e:
+            return Unavailable(str(e))
+        except Exception as e:  # the probe itself failing means "not ready", never a 500
+            return Unavailable(f"probe failed: {type(e).__name__}: {e}")
 
-    def decode(self, datas, name_of):
-        """uint8 ``[N, 32, 32, 3]`` from a tensor of encoded images; the first bad one fails the request.
+    # -- the request ---------------------------------------------------------------------
+    def infer(self, request: InferRequest) -> InferResponse:
+        """Answer ``request``, or raise the one :class:`~serve.core.errors.ServeError` kind that says why not."""
+        deadline, caller_binds = self._deadline(request.deadline)
+        info = self.model(request.model_name, request.version, request.label)
+        version = info.version if request.version is not None or request.label is not None else None
+        signature = info.signature(request.signature)
+        if signature is None:
+            raise BadRequest(f"signature {echo(request.signature)} not found; this model has {sorted(info.signatures)}")
+        inputs = _named(request.inputs, signature, request.signature)
+        wanted = _wanted(request.outputs, signature)
+        k = self.limits.top_k if request.top_k is None else request.top_k
+        if k < 1:
+            raise BadRequest(f"top_k must be at least 1, got {k}")
+        count = min(max((tensors.count_of(tensor) or 0 for tensor in inputs.values()), default=0), self.limits.max_images)
+        self._hold(count)
+        try:
+            arrays = {key: tensors.read(key, tensor, signature.inputs[key], self.limits, request.dtype_names)
+                      for key, tensor in inputs.items()}
+            if request.signature == SIGNATURE_BYTES and list(arrays) == [INPUT_BYTES]:
+                return self._encoded(info, arrays[INPUT_BYTES], request, version, wanted, k, deadline, caller_binds)
+            if request.signature == SIGNATURE_PIXELS and list(arrays) == [INPUT_PIXELS]:
+                outputs, answered_by = self._predict(info, arrays[INPUT_PIXELS], version, deadline, caller_binds)
+            else:
+                outputs = self.backend.run(request.signature, arrays, version)
+                answered_by = info.version if version is None else version
+                if OUTPUT_PROBABILITIES in outputs:
+                    self._observe(answered_by, outputs, len(np.asarray(outputs[OUTPUT_PROBABILITIES])))
+        finally:
+            self._release(count)
+        return InferResponse(info, answered_by, _only(outputs, wanted), k)
 
-        ``name_of(index)`` names an element in the error, as the caller's protocol names it.
-        """
-        self.check_count(len(datas))
-        self.check_budget(datas)
-        with tracing.span("serve.decode", {"serve.images": len(datas)}), self._decoding:
-            return decoder.decode_all(datas, self.limits.max_pixels, name_of)
+    def _encoded(self, info, images, request, version, wanted, k, deadline, caller_binds):
+        """Encoded images decoded, then predicted: per image (a bad one refused in its place), or all or nothing."""
+        uploads = images if isinstance(images, list) else [Upload(data=data) for data in images.tolist()]
+        readable = [upload.data for upload in uploads if upload.error is None]
+        self._check_budget(readable)
+        with tracing.span("serve.decode", {"serve.images": len(readable)}), self._decoding:
+            decoded = iter(decoder.decode_many(readable, self.limits.max_pixels))
+        slots, good = [], []
+        for index, upload in enumerate(uploads):
+            who = _who(upload, index, request.per_image)
+            if upload.error is not None:  # the protocol found its encoding unreadable (bad base64)
+                result = BadRequest(f"{who}: {upload.error}")
+            else:
+                result = next(decoded)
+                if isinstance(result, ServeError):
+                    result = type(result)(f"{who} {result}")
+            if isinstance(result, ServeError):
+                if not request.per_image:
+                    raise result
+                slots.append(Refused(upload.filename, result))
+                continue
+            slots.append(result)
+            good.append(index)
+        if not good and request.per_image:
+            return InferResponse(info, info.version, {}, k, tuple(slots))
+        pixels = np.stack([slots[index][0] for index in good]) if good else np.zeros((0, *_PIXELS), np.uint8)
+        outputs, answered_by = self._predict(info, pixels, version, deadline, caller_binds)
+        if not request.per_image:
+            return InferResponse(info, answered_by, _only(outputs, wanted), k)
+        best = ranked(info, outputs, k)
+        scores, inside = _confidence_of(outputs, len(good))
+        for row, index in enumerate(good):
+            upload, fmt = uploads[index], slots[index][1]
+            slots[index] = Answered(upload.filename, tuple(best[row]), scores[row], inside[row], fmt, upload.data)
+        return InferResponse(info, answered_by, _only(outputs, wanted), k, tuple(slots))
 
-    def check_budget(self, datas):
+    def _check_budget(self, datas):
         """A 413 naming the budget when the images of one request declare more pixels than ``SERVE_MAX_REQUEST_PIXELS``.
 
         Read from each image's header, before any is decoded: a request of many small files that
@@ -229,103 +218,67 @@ class InferenceService:
             declared = decoder.declared_pixels(data)
             total += declared if declared <= self.limits.max_pixels else 0
             if total > self.limits.max_request_pixels:
-                raise ServeError(f"the request's images declare more than {self.limits.max_request_pixels} pixels in all; "
-                                 "this server decodes at most that many per request (SERVE_MAX_REQUEST_PIXELS)", 413)
+                raise TooLarge(f"the request's images declare more than {self.limits.max_request_pixels} pixels in all; "
+                               "this server decodes at most that many per request (SERVE_MAX_REQUEST_PIXELS)")
 
-    # -- prediction ----------------------------------------------------------------------
-    def classify(self, uploads, top_k=None, name=None, version=None, label=None) -> Classification:
-        """Decode ``uploads`` (a list of :class:`Upload`), classify the good ones and rank each answer.
-
-        A bad image is a :class:`Refused` in its place and the rest are answered; raises
-        :class:`ServeError` when the request itself cannot be (too many images, no model).
-        """
-        self.check_count(len(uploads))
-        info, version = self._route(name, version, label)
-        k = self.limits.top_k if top_k is None else top_k
-        slots, good, pixels = [], [], []
-        readable = [u.data for u in uploads if u.error is None]
-        self.check_budget(readable)
-        with tracing.span("serve.decode", {"serve.images": len(readable)}), self._decoding:
-            decoded = iter(decoder.decode_many(readable, self.limits.max_pixels))
-        for index, upload in enumerate(uploads):
-            who = repr(upload.filename) if upload.filename else f"instance {index}"
-            if upload.error is not None:  # the caller already found it unusable (bad base64)
-                slots.append(Refused(upload.filename, f"{who}: {upload.error}", 400))
-                continue
-            result = next(decoded)
-            if isinstance(result, ServeError):
-                slots.append(Refused(upload.filename, f"{who} {result}", result.status))
-                continue
-            array, fmt = result
-            slots.append((upload, fmt))
-            good.append(index)
-            pixels.append(array)
-        if not good:
-            return Classification(info, info.version, tuple(slots))
-        answer = self.infer(np.stack(pixels), version=version, info=info)
-        ranked = self.top_k(answer, k)
-        scores, inside = _confidence_of(answer.outputs, len(good))
-        for row, index in enumerate(good):
-            upload, fmt = slots[index]
-            slots[index] = Answered(upload.filename, tuple(ranked[row]), scores[row], inside[row], fmt, upload.data)
-        return Classification(info, answer.version, tuple(slots))
-
-    def infer(self, pixels, name=None, version=None, info=None, label=None) -> Inference:
-        """``serving_default`` on uint8 pixels ``[N, 32, 32, 3]``; every image counted once in the metrics.
-
-        ``info``: what :meth:`model` answered for this request's ``version`` or ``label``, when the caller asked already;
-        with it, the version it resolved to answers, though a new config has retired it since (the backend finishes
-        what was sent to a version before it retired).
-        """
-        if info is None:
-            self.check_count(len(pixels))
-        info, version = self._route(name, version, label, info)
+    def _predict(self, info, pixels, version, deadline, caller_binds):
+        """``serving_default`` by the backend, by ``deadline``; every image counted once in the metrics."""
+        if self._clock() >= deadline:
+            raise self._late(caller_binds)
         try:
-            prediction = self.backend.infer(pixels, None if version is None else int(version))
+            prediction = self.backend.infer(pixels, version, deadline)
         except Shed as e:
-            if self._metrics is not None:
-                self._metrics.shed.labels(e.reason).inc()
+            if e.reason == "timeout":
+                raise self._late(caller_binds) from None
+            self._count_shed(e.reason)
             raise
         self._observe(prediction.version, prediction.outputs, len(pixels))
-        return Inference(info, prediction.version, prediction.outputs)
+        return prediction.outputs, prediction.version
 
-    def run(self, signature_name, inputs, name=None, version=None, label=None, info=None) -> Inference:
-        """Any signature of the model on ``{input key: array}``, as TF Serving's APIs call one.
+    def _deadline(self, asked):
+        """``(deadline, whether the caller's own binds)``: the caller's, capped by ``SERVE_PREDICT_TIMEOUT_S``."""
+        now = self._clock()
+        cap = now + self.limits.timeout_s
+        if asked is None or asked >= cap:
+            return cap, False
+        if asked <= now:
+            raise self._late(True)
+        return asked, True
 
-        ``predict_images`` (encoded images) is decoded here and answered by ``serving_default``, so
-        no user bytes reach a model; ``serving_default`` on pixels goes the way of :meth:`infer`.
-        ``info``: as for :meth:`infer` (a version a label named then runs even if the label moves meanwhile).
-        """
-        info, version = self._route(name, version, label, info)
-        if signature_name not in info.signature_defs:
-            raise ServeError(f"signature {signature_name!r} not found; this model has {sorted(info.signature_defs)}")
-        if signature_name == SIGNATURE_BYTES and set(inputs) == {INPUT_BYTES}:
-            datas = np.asarray(inputs[INPUT_BYTES], dtype=object)
-            if datas.ndim != 1:
-                raise ServeError(f"input {INPUT_BYTES!r} must be a list of encoded images (shape [N]), got shape {list(datas.shape)}")
-            pixels = self.decode(datas.tolist(), lambda index: f"{INPUT_BYTES}[{index}]")
-            return self.infer(pixels, version=version, info=info)
-        try:
-            signatures.check_inputs(signature_name, info.input_specs[signature_name], inputs)
-        except ValueError as e:
-            raise ServeError(str(e)) from None
-        if signature_name == SIGNATURE_PIXELS and set(inputs) == {INPUT_PIXELS}:
-            self.check_count(len(inputs[INPUT_PIXELS]))
-            return self.infer(inputs[INPUT_PIXELS], version=version, info=info)
-        outputs = self.backend.run(signature_name, inputs, None if version is None else int(version))
-        served = info.version if version is None else int(version)
-        if OUTPUT_PROBABILITIES in outputs:
-            self._observe(served, outputs, len(np.asarray(outputs[OUTPUT_PROBABILITIES])))
-        return Inference(info, served, outputs)
+    def _late(self, caller_binds):
+        if caller_binds:
+            return DeadlineExceeded("the request's deadline passed before it was answered")
+        self._count_shed("timeout")
+        return Shed(f"the model did not answer within {self.limits.timeout_s:g} s (SERVE_PREDICT_TIMEOUT_S)", "timeout")
 
-    def top_k(self, answer: Inference, k):
-        """Each image's ``k`` best classes as :class:`Ranked`, best first, with the model's class names."""
-        probabilities = np.asarray(answer.outputs[OUTPUT_PROBABILITIES], np.float32)
-        names = answer.model.label_names(answer.outputs, probabilities.shape[1])
-        order, best = rank(probabilities, k)
-        # One conversion for the whole batch, not one per image: it is most of the per-image cost here.
-        values = float32_list(best)
-        return [[Ranked(names[c], c, p) for c, p in zip(ids, row)] for ids, row in zip(order.tolist(), values)]
+    def _hold(self, count):
+        """Hold ``count`` images of this worker's ``SERVE_MAX_QUEUE`` while the request is answered; shed it when full."""
+        with self._counting:
+            limit = self.limits.max_queue
+            if limit is not None and self._holding and self._holding + count > limit:
+                self._count_shed("queue_full")
+                raise Shed(f"{self._holding} images are already waiting for the model; this worker holds at most "
+                           f"{limit} (SERVE_MAX_QUEUE)", "queue_full")
+            self._holding += count
+            self._tell(self._holding)
+
+    def _release(self, count):
+        with self._counting:
+            self._holding -= count
+            self._tell(self._holding)
+
+    @property
+    def holding(self):
+        """Images admitted and not yet answered."""
+        return self._holding
+
+    def _tell(self, holding):
+        if self._metrics is not None:
+            self._metrics.queued.set(holding)
+
+    def _count_shed(self, reason):
+        if self._metrics is not None:
+            self._metrics.shed.labels(reason).inc()
 
     def _observe(self, version, outputs, images):
         if self._metrics is not None and images:
@@ -333,6 +286,60 @@ class InferenceService:
             self._metrics.answers(version, outputs)
         if self._on_answer is not None and images:
             self._on_answer(version, images)
+
+
+def _version_number(version):
+    """A version as a request names it (a number, or its digits), as an int; None when it is not one."""
+    if isinstance(version, int) and not isinstance(version, bool):
+        return version
+    text = str(version)
+    return int(text) if text.isascii() and text.isdigit() and len(text) <= 18 else None
+
+
+def _named(inputs, signature, name):
+    """``inputs`` by the signature's keys: the unnamed one (key None) is its one input; every key its own."""
+    if None in inputs:
+        if len(inputs) > 1 or len(signature.inputs) != 1:
+            raise BadRequest(f"signature {echo(name)} takes inputs {sorted(signature.inputs)}: name each input")
+        return {next(iter(signature.inputs)): inputs[None]}
+    if set(inputs) != set(signature.inputs):
+        raise BadRequest(f"signature {echo(name)} takes inputs {sorted(signature.inputs)}, got "
+                         f"{', '.join(echo(key) for key in sorted(inputs)) or 'none'}")
+    return inputs
+
+
+def _wanted(outputs, signature):
+    """The outputs a request names, checked against the signature's (None: all of them)."""
+    if outputs is None:
+        return None
+    unknown = [key for key in outputs if key not in signature.outputs]
+    if unknown:
+        raise BadRequest(f"unknown output {echo(unknown[0])}: this signature's outputs are {', '.join(sorted(signature.outputs))}")
+    if len(set(outputs)) != len(outputs):
+        raise BadRequest(f"an output is named more than once: {', '.join(echo(key) for key in outputs)}")
+    return tuple(outputs)
+
+
+def _only(outputs, wanted):
+    if wanted is None:
+        return outputs
+    missing = [key for key in wanted if key not in outputs]
+    if missing:
+        raise ModelFailed(f"the model did not answer output {missing[0]!r}")
+    return {key: outputs[key] for key in wanted}
+
+
+def _who(upload, index, per_image):
+    """How a refusal names an image: its file name, else its place in the request."""
+    if upload.filename:
+        return repr(upload.filename)
+    return f"instance {index}" if per_image else f"input '{INPUT_BYTES}' element {index}"
+
+
+def _unwrap(result):
+    if isinstance(result, ServeError):
+        raise result
+    return result
 
 
 def _confidence_of(outputs, rows):

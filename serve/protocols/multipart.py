@@ -6,9 +6,9 @@ spooled to a temporary file, and the size limit is still Flask's ``MAX_CONTENT_L
 """
 
 import multipart
-from flask import request
+from flask import current_app, request
 
-from serve.core import ServeError
+from serve.core.errors import BadRequest, TooLarge
 
 #: Most parts one request may hold (Flask's own MAX_FORM_PARTS default).
 MAX_PARTS = 1000
@@ -33,15 +33,13 @@ def parse():
     ``(field name, filename, bytes)`` for every file part, in order, empty ones included
     (a browser sends an empty file input as a part with no filename and no bytes); a
     filename longer than ``MAX_FILENAME_CHARS`` comes shortened.
-    Raises ``ServeError`` for a malformed body or part headers over the limits (400) or
-    too many parts (413), and werkzeug's 413 when the body is over ``MAX_CONTENT_LENGTH``.
+    Raises ``BadRequest`` for a malformed body or part headers over the limits, ``TooLarge`` for
+    too many parts, and werkzeug's 413 when the body is over ``MAX_CONTENT_LENGTH``.
     """
     boundary = request.mimetype_params.get("boundary")
     if not boundary:
-        raise ServeError("the multipart/form-data body has no boundary in its Content-Type")
-    from serve.protocols import settings
-
-    limit = settings().max_upload_bytes
+        raise BadRequest("the multipart/form-data body has no boundary in its Content-Type")
+    limit = current_app.extensions["serve.settings"].max_upload_bytes
     parser = multipart.MultipartParser(
         request.stream,  # werkzeug's stream: it raises 413 past MAX_CONTENT_LENGTH
         boundary,
@@ -53,22 +51,25 @@ def parse():
         memory_limit=limit,
         disk_limit=0,  # ...and none may go to disk
     )
-    fields, files = {}, []
+    fields, files, parts = {}, [], 0
     try:
         for part in parser:
+            parts += 1
             if part.filename is not None:
                 files.append((part.name, shorten(part.filename), part.raw))
             else:
                 fields.setdefault(part.name, _text(part))
     except multipart.ParserLimitReached as e:
-        if "header" in str(e):  # a name or a header line no client sends, not a big upload
-            raise ServeError(
-                f"a part's headers are over the limits ({MAX_HEADERS} lines of at most "
-                f"{MAX_HEADER_BYTES // 1024} KiB each; is a file name that long?): {e}"
-            ) from None
-        raise ServeError(f"the upload is too large (at most {MAX_PARTS} parts): {e}", 413) from None
+        # The body is within MAX_CONTENT_LENGTH (werkzeug's stream refuses more) and so within the memory limit:
+        # the limit reached is the part count when that many parts came, else a part's headers.
+        if parts >= MAX_PARTS:
+            raise TooLarge(f"the upload is too large (at most {MAX_PARTS} parts): {e}") from None
+        raise BadRequest(
+            f"a part's headers are over the limits ({MAX_HEADERS} lines of at most "
+            f"{MAX_HEADER_BYTES // 1024} KiB each; is a file name that long?): {e}"
+        ) from None
     except multipart.MultipartError as e:
-        raise ServeError(f"the multipart/form-data body is malformed: {e}") from None
+        raise BadRequest(f"the multipart/form-data body is malformed: {e}") from None
     return fields, files
 
 
@@ -84,6 +85,6 @@ def _text(part):
     try:
         return part.value
     except UnicodeDecodeError:
-        raise ServeError(f"the form field {shorten(part.name)!r} is not UTF-8 text") from None
+        raise BadRequest(f"the form field {shorten(part.name)!r} is not UTF-8 text") from None
     except LookupError:  # Content-Type: text/plain; charset=no-such-codec
-        raise ServeError(f"the form field {shorten(part.name)!r} names a charset this server does not know") from None
+        raise BadRequest(f"the form field {shorten(part.name)!r} names a charset this server does not know") from None

@@ -9,8 +9,9 @@ import base64
 
 from flask import Blueprint, render_template
 
-from serve.core import ServeError, Upload, parse_top_k
-from serve.protocols import multipart, service, settings
+from serve.core.errors import BadRequest, ServeError, TooLarge, TooManyImages
+from serve.core.request import Answered, Upload
+from serve.protocols import api, multipart, settings
 
 bp = Blueprint("web", __name__)
 
@@ -38,35 +39,38 @@ def upload():
     except ServeError as e:
         return render_error(f"The upload cannot be read: {e}.", e.status)
     try:
-        top_k = parse_top_k(fields.get("top_k"), top_k)
+        top_k = api.parse_top_k(fields.get("top_k")) or top_k
+        # A file input left empty still sends one part, with no name and no bytes.
+        images = [Upload(filename, data) for _, filename, data in files if data or filename]
+        if not images:
+            return render_error("Choose one or more image files first.", 400, top_k)
+        answer = api.classify(images, top_k)
+    except TooManyImages as e:
+        return _refused(f"Too many files: {e}.", e, top_k)
+    except TooLarge as e:
+        return _refused(f"The upload is too large: {e}.", e, top_k)
+    except BadRequest as e:
+        return _refused(str(e), e, top_k)
     except ServeError as e:
-        return render_error(str(e), e.status)
-    # A file input left empty still sends one part, with no name and no bytes.
-    uploads = [Upload(filename, data) for _, filename, data in files if data or filename]
-    if not uploads:
-        return render_error("Choose one or more image files first.", 400, top_k)
-    try:
-        result = service().classify(uploads, top_k)
-    except ServeError as e:
-        if e.status == 413:
-            words = "Too many files: {}." if "SERVE_MAX_IMAGES" in str(e) else "The upload is too large: {}."
-        else:
-            words = "The model is not available: {}"
-        page, status = render_error(words.format(e), e.status, top_k)
-        return page, status, {"Retry-After": str(e.retry_after)} if e.retry_after is not None else {}
-    results = [_shown(image) for image in result.images]
-    status = result.images[0].status if result.all_refused else 200
+        return _refused(f"The model is not available: {e}", e, top_k)
+    results = [_shown(image) for image in answer.images]
+    status = answer.images[0].status if answer.all_refused else 200
     return _page(
         top_k=top_k, results=results,
-        model={"name": result.model.name, "version": result.version, "architecture": result.model.architecture},
-        runtime=result.model.runtime, class_count=_count_words(len(result.model.class_names or ())) or "known",
+        model={"name": answer.model.name, "version": answer.version, "architecture": answer.model.architecture},
+        runtime=answer.model.runtime, class_count=_count_words(len(answer.model.class_names or ())) or "known",
     ), status
+
+
+def _refused(message, e, top_k):
+    page, status = render_error(message, e.status, top_k)
+    return page, status, {"Retry-After": str(e.retry_after)} if e.retry_after is not None else {}
 
 
 def _shown(image):
     """One image as the page shows it: the public fields, and the upload back as a ``data:`` URL."""
     shown = image.public()
-    if hasattr(image, "format"):
+    if isinstance(image, Answered):
         encoded = base64.b64encode(image.data).decode("ascii")
         shown["data_url"] = f"data:{MIME_TYPES.get(image.format, 'application/octet-stream')};base64,{encoded}"
     return shown

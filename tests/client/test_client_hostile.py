@@ -590,3 +590,57 @@ def test_a_malformed_grpc_answer_is_one_line(case, grpc_server, image, capsys):
     target = grpc_server(lambda request, context, release: _predict_response(**outputs))
     code, out, err, _ = run(capsys, ["predict", image, "--via", "tfserving-grpc", "--url", target])
     assert code == cli.EXIT_FAILED and f"malformed answer from {target}" in one_line(err) and out == ""
+
+
+# -- round 3 (issue 55): a hostile gRPC server's metadata is one line too -------------------------------------------
+
+
+@pytest.fixture
+def metadata_server():
+    """``metadata_server(servicer, add)`` serves ``servicer`` (added to a new server by ``add``) on a free port."""
+    from concurrent import futures
+
+    import grpc
+
+    started = []
+
+    def start(servicer, add):
+        server = grpc.server(futures.ThreadPoolExecutor(max_workers=2))
+        add(servicer, server)
+        port = server.add_insecure_port("127.0.0.1:0")
+        server.start()
+        started.append(server)
+        return f"127.0.0.1:{port}"
+
+    yield start
+    for server in started:
+        server.stop(0)
+
+
+def test_a_signature_def_that_does_not_parse_is_one_line(metadata_server, capsys):
+    from tfs_protos.tensorflow_serving.apis import get_model_metadata_pb2, prediction_service_pb2_grpc
+
+    class Hostile(prediction_service_pb2_grpc.PredictionServiceServicer):
+        def GetModelMetadata(self, request, context):  # noqa: N802  (the name gRPC calls)
+            response = get_model_metadata_pb2.GetModelMetadataResponse()
+            response.model_spec.name = MODEL
+            response.metadata["signature_def"].type_url = "type.googleapis.com/tensorflow.serving.SignatureDefMap"
+            response.metadata["signature_def"].value = b"\xff\xff\xff not a message"
+            return response
+
+    target = metadata_server(Hostile(), prediction_service_pb2_grpc.add_PredictionServiceServicer_to_server)
+    code, out, err, _ = run(capsys, ["info", "--via", "tfserving-grpc", "--url", target])
+    assert code == cli.EXIT_FAILED and "malformed answer" in one_line(err) and "Traceback" not in err and out == ""
+
+
+@pytest.mark.parametrize("versions", [["\u00b2"], ["1", "\u0663"]], ids=["superscript-two", "arabic-indic-three"])
+def test_versions_that_are_digits_but_not_numbers_are_printed_not_parsed(versions, metadata_server, capsys):
+    from tfs_protos.inference import grpc_predict_v2_pb2 as pb, grpc_predict_v2_pb2_grpc
+
+    class Hostile(grpc_predict_v2_pb2_grpc.GRPCInferenceServiceServicer):
+        def ModelMetadata(self, request, context):  # noqa: N802
+            return pb.ModelMetadataResponse(name=MODEL, versions=versions, platform="hostile")
+
+    target = metadata_server(Hostile(), grpc_predict_v2_pb2_grpc.add_GRPCInferenceServiceServicer_to_server)
+    code, out, err, _ = run(capsys, ["info", "--via", "v2-grpc", "--url", target])
+    assert code == 0 and "Traceback" not in err and "version:" in out

@@ -24,7 +24,7 @@ def _render(target):
 def _gauges():
     from prometheus_client import CollectorRegistry
 
-    from serve.metrics import Metrics
+    from serve.telemetry.metrics import Metrics
 
     metrics = Metrics()
     return {m.name for m in metrics._registry.collect() if m.type == "gauge"}, metrics, CollectorRegistry
@@ -63,10 +63,10 @@ def test_the_in_flight_gauge_counts_requests_under_way(model_base):
     entered, release = threading.Event(), threading.Event()
     real = backend.infer
 
-    def held(images, version=None):
+    def held(images, version=None, deadline=None):
         entered.set()
         assert release.wait(60)
-        return real(images, version)
+        return real(images, version, deadline)
 
     backend.infer = held
     try:
@@ -83,26 +83,21 @@ def test_the_in_flight_gauge_counts_requests_under_way(model_base):
         backend.close()
 
 
-def test_the_queue_gauge_follows_the_batcher():
-    from serve.backends.batcher import Batcher
+def test_the_queue_gauge_follows_the_images_a_worker_holds():
+    """``serve_queue_images``: the images a worker's core holds (queued for, or in, a model call), what it sheds past."""
+    from fake_backend import FakeBackend, make_app
 
-    seen = []
-    entered, release = threading.Event(), threading.Event()
-
-    def slow(images):
-        entered.set()
-        release.wait(30)
-        return {"x": np.zeros((len(images), 1))}
-
-    batcher = Batcher(slow, max_batch=8, on_waiting=seen.append)
+    backend = FakeBackend()
+    backend.hold = threading.Event()
+    app = make_app(backend)
+    metrics = app.extensions["serve.metrics"]
+    pixels = {"instances": np.zeros((3, 32, 32, 3), np.uint8).tolist()}
+    worker = threading.Thread(target=lambda: app.test_client().post("/v1/models/cifar10:predict", json=pixels))
     try:
-        worker = threading.Thread(target=lambda: batcher.submit(np.zeros((3, 1))))
         worker.start()
-        assert entered.wait(30)
-        assert seen[-1] == 3
-        release.set()
-        worker.join(30)
-        assert seen[-1] == 0
+        assert backend.entered.wait(30)
+        assert _value(metrics, "serve_queue_images") == 3
     finally:
-        release.set()
-        batcher.close()
+        backend.hold.set()
+        worker.join(30)
+    assert _value(metrics, "serve_queue_images") == 0

@@ -30,10 +30,11 @@ import tomllib
 from pathlib import Path
 
 import pytest
-import yaml
 
 import proxy
-from manifests import BIN, documents, env_of, kustomize_text, one, selects, tfserving_probe_passes
+from manifests import (BIN, OLDEST_K8S, claim_path, documents, env_of, kubernetes_schema_errors, kustomize_text,
+                       mount_of, one, pod_spec, selects, tfserving_probe_passes)
+from project_files import compose, dockerfile_env, dockerfile_stages, final_stage, instruction, project_version, split_image
 
 ROOT = Path(__file__).resolve().parents[2]
 K8S = ROOT / "deploy" / "k8s"
@@ -49,11 +50,6 @@ SERVING = ["overlays/local", "overlays/tfserving"]
 TRAINING = ["training/tensorflow", "training/jax", "training/tpu-v5e", "training/tpu-v6e", "training/tpu-v5e-16"]
 #: The Jobs of several JAX processes (one per pod), joined through process 0.
 MULTI_PROCESS = ["training/jax", "training/tpu-v6e", "training/tpu-v5e-16"]
-
-#: The oldest Kubernetes with every field used here GA or on by default (Job podFailurePolicy is GA
-#: in 1.31; podReplacementPolicy and the preStop sleep action are beta and on from 1.29/1.30), and the
-#: newest schemas kubernetes-validate ships.
-OLDEST_K8S = "1.31.0"
 
 #: Set by the Job controller on every pod of an Indexed Job (and what JOB_COMPLETION_INDEX reads).
 INDEX_ANNOTATION = "batch.kubernetes.io/job-completion-index"
@@ -78,10 +74,6 @@ def rendered(rendered_dir):
     return {target: documents((rendered_dir / f"{target.replace('/', '-')}.yaml").read_text()) for target in TARGETS}
 
 
-def pod_spec(workload):
-    return workload["spec"] if workload["kind"] == "Pod" else workload["spec"]["template"]["spec"]
-
-
 def pod_labels(workload):
     return workload["metadata"].get("labels", {}) if workload["kind"] == "Pod" else workload["spec"]["template"]["metadata"]["labels"]
 
@@ -94,22 +86,6 @@ def container(workload, name=None):
     return next(c for c in containers if c["name"] == name)
 
 
-def mount_of(workload, c, path):
-    """(volume, mount) whose mountPath holds ``path`` in container ``c``, the deepest one."""
-    mounts = [m for m in c.get("volumeMounts", []) if path == m["mountPath"] or path.startswith(m["mountPath"].rstrip("/") + "/")]
-    assert mounts, f"{path} is on no volume of {workload['metadata']['name']}"
-    mount = max(mounts, key=lambda m: len(m["mountPath"]))
-    volume = next(v for v in pod_spec(workload)["volumes"] if v["name"] == mount["name"])
-    return volume, mount
-
-
-def claim_path(workload, c, path):
-    """``(claim name, path inside the claim)`` for ``path`` in container ``c``."""
-    volume, mount = mount_of(workload, c, path)
-    assert "persistentVolumeClaim" in volume, f"{path} is not on a persistent volume"
-    return volume["persistentVolumeClaim"]["claimName"], os.path.relpath(path, mount["mountPath"])
-
-
 def test_every_kustomization_is_rendered():
     found = {str(p.parent.relative_to(K8S)) for p in K8S.rglob("kustomization.yaml")}
     assert found == set(TARGETS) | PARTS
@@ -120,16 +96,7 @@ def test_every_kustomization_is_rendered():
 
 @pytest.mark.parametrize("version", [OLDEST_K8S, "latest"])
 def test_manifests_match_the_kubernetes_schemas(rendered, version):
-    import kubernetes_validate
-
-    version = kubernetes_validate.latest_version() if version == "latest" else version
-    errors = []
-    for target, resources in rendered.items():
-        for resource in resources:
-            try:
-                kubernetes_validate.validate(resource, version, strict=True)
-            except kubernetes_validate.ValidationError as e:
-                errors.append(f"{target}: {resource['kind']}/{resource['metadata']['name']}: {e.message} at {list(e.path)}")
+    errors = kubernetes_schema_errors(rendered, version)
     assert not errors, "\n".join(errors)
 
 
@@ -278,54 +245,12 @@ def test_every_container_is_locked_down(rendered):
 # --- the front end against the Dockerfile and serve/ --------------------------------------------
 
 
-def dockerfile_stages(path):
-    """[(stage name, [instruction dict, ...]), ...] as dockerfile-parse reads ``path``."""
-    from dockerfile_parse import DockerfileParser
-
-    stages = []
-    for item in DockerfileParser(str(path)).structure:
-        if item["instruction"] == "FROM":
-            stages.append((item["value"].split()[-1], []))
-        elif stages and item["instruction"] != "COMMENT":
-            stages[-1][1].append(item)
-    return stages
-
-
-def final_stage(path):
-    return dockerfile_stages(path)[-1][1]
-
-
-def instruction(stage, name):
-    values = [item["value"] for item in stage if item["instruction"] == name]
-    assert len(values) == 1, f"{len(values)} {name} instructions"
-    return values[0]
-
-
-def image_env(path):
-    from dockerfile_parse import DockerfileParser
-
-    return DockerfileParser(str(path)).envs
-
-
-def compose():
-    return yaml.safe_load((ROOT / "compose.yaml").read_text())
-
-
-def project_version():
-    return tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["version"]
-
-
-def split_image(image):
-    name, _, tag = image.rpartition(":")
-    return name, tag
-
-
 @pytest.mark.parametrize("target", SERVING)
 def test_front_end_runs_the_dockerfiles_image_as_built(rendered, target):
     deployment = one(rendered[target], "Deployment", "cifar-serve")
     c = container(deployment, "serve")
     stage = final_stage(ROOT / "Dockerfile")
-    env = image_env(ROOT / "Dockerfile")
+    env = dockerfile_env(ROOT / "Dockerfile")
 
     # The image compose.yaml builds from the Dockerfile, at the project's version.
     built = split_image(compose()["services"]["serve"]["image"])[0]
@@ -685,7 +610,7 @@ def test_export_job_writes_where_serving_reads(rendered):
     assert c["command"] == ["python", "-m", "export"]
     args = build_parser().parse_args(c["args"])
     # The model folder the front end and TF Serving read: same claim, same place, same name.
-    serving_env = image_env(ROOT / "Dockerfile")
+    serving_env = dockerfile_env(ROOT / "Dockerfile")
     assert args.model_name == serving_env["MODEL_NAME"] == DEFAULT_MODEL_NAME
     assert env_of(container(one(rendered["overlays/tfserving"], "Deployment", "tfserving")))["MODEL_NAME"] == args.model_name
     front_end = one(rendered["overlays/local"], "Deployment", "cifar-serve")

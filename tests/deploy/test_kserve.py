@@ -26,14 +26,14 @@ import hashlib
 import json
 import os
 import re
-import tomllib
 from pathlib import Path
 from urllib.parse import urlsplit
 
 import pytest
 import yaml
 
-from manifests import env_of, kustomize, one, selects, tfserving_probe_passes
+from manifests import OLDEST_K8S, claim_path, env_of, kubernetes_schema_errors, kustomize, one, selects, tfserving_probe_passes
+from project_files import compose, dockerfile_env, final_stage, instruction, project_version, split_image
 
 ROOT = Path(__file__).resolve().parents[2]
 KSERVE = ROOT / "deploy" / "kserve"
@@ -43,7 +43,6 @@ SCHEMAS = KSERVE / "schemas"
 TARGETS = ["custom", "tfserving", "knative", "canary"]
 #: What these manifests are checked against from deploy/k8s.
 K8S_TARGETS = ["overlays/local", "overlays/tfserving", "storage", "training/export"]
-OLDEST_K8S = "1.31.0"  # as tests/deploy/test_k8s.py
 NAMESPACE = "cifar"
 
 # KServe v0.20.0 (pkg/constants/constants.go, pkg/apis/serving/v1beta1/*_validation.go).
@@ -132,35 +131,8 @@ def test_every_kustomization_is_rendered():
 
 
 def dockerfile_final_stage():
-    from dockerfile_parse import DockerfileParser
-
-    parser = DockerfileParser(str(ROOT / "Dockerfile"))
-    stage = []
-    for item in parser.structure:
-        if item["instruction"] == "FROM":
-            stage = []
-        elif item["instruction"] != "COMMENT":
-            stage.append(item)
-    return stage, parser.envs
-
-
-def instruction(stage, name):
-    values = [item["value"] for item in stage if item["instruction"] == name]
-    assert len(values) == 1, f"{len(values)} {name} instructions"
-    return values[0]
-
-
-def compose():
-    return yaml.safe_load((ROOT / "compose.yaml").read_text())
-
-
-def project_version():
-    return tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["version"]
-
-
-def split_image(image):
-    name, _, tag = image.rpartition(":")
-    return name, tag
+    """The serving Dockerfile's final stage, and its environment."""
+    return final_stage(ROOT / "Dockerfile"), dockerfile_env(ROOT / "Dockerfile")
 
 
 def server_settings(c, image_env):
@@ -267,18 +239,9 @@ def test_schema_validation_can_fail(rendered, validators, mutation, expected):
 
 @pytest.mark.parametrize("version", [OLDEST_K8S, "latest"])
 def test_kubernetes_objects_match_the_kubernetes_schemas(rendered, version):
-    import kubernetes_validate
-
-    version = kubernetes_validate.latest_version() if version == "latest" else version
-    errors = []
-    for target, resources in rendered.items():
-        for r in resources:
-            if r["apiVersion"].startswith("serving.kserve.io/"):
-                continue
-            try:
-                kubernetes_validate.validate(r, version, strict=True)
-            except kubernetes_validate.ValidationError as e:
-                errors.append(f"{target}: {r['kind']}/{r['metadata']['name']}: {e.message} at {list(e.path)}")
+    kubernetes = {target: [r for r in resources if not r["apiVersion"].startswith("serving.kserve.io/")]
+                  for target, resources in rendered.items()}
+    errors = kubernetes_schema_errors(kubernetes, version)
     assert not errors, "\n".join(errors)
 
 
@@ -439,15 +402,6 @@ def pvc_location(uri):
     assert uri.startswith("pvc://"), uri
     claim, _, path = uri.removeprefix("pvc://").partition("/")
     return claim, os.path.normpath(path or ".")
-
-
-def claim_path(workload, c, path):
-    """``(claim, path inside the claim)`` of ``path`` in container ``c`` of a Deployment or Job."""
-    spec = workload["spec"]["template"]["spec"]
-    mounts = [m for m in c.get("volumeMounts", []) if path == m["mountPath"] or path.startswith(m["mountPath"].rstrip("/") + "/")]
-    mount = max(mounts, key=lambda m: len(m["mountPath"]))
-    volume = next(v for v in spec["volumes"] if v["name"] == mount["name"])
-    return volume["persistentVolumeClaim"]["claimName"], os.path.relpath(path, mount["mountPath"])
 
 
 def exported_location(k8s):

@@ -16,6 +16,7 @@ import time
 import pytest
 
 import proxy
+import raw_http
 import synthetic
 from live_server import free_port, start_server, stop_server
 
@@ -79,13 +80,8 @@ def answer(sock):
     A refusal (413) may end in a reset rather than a close: nginx answers before the body it
     refused has arrived, and closes with what did arrive unread. The answer came first."""
     sock.settimeout(DEADLINE_S)
-    data = b""
-    try:
-        while chunk := sock.recv(65536):
-            data += chunk
-    except ConnectionResetError:
-        if b"\r\n\r\n" not in data:
-            raise
+    data = raw_http.receive_all(sock, ended_by=ConnectionResetError)
+    assert b"\r\n\r\n" in data, f"the connection ended before the answer: {data[:200]!r}"
     head, _, body = data.partition(b"\r\n\r\n")
     return int(head.split()[1]), head.decode("latin-1"), body
 

@@ -225,7 +225,7 @@ def _foreign_images():
 
     Much brighter or more saturated ones (flat white, pure blue) are not all flagged by this small
     model: far from its training images a ReLU network's logits grow, and the energy with them, a
-    known limit of logit-based scores. bench/ood.py measures how often real foreign images escape.
+    known limit of logit-based scores. bench/confidence/ood.py measures how often real foreign images escape.
     """
     rng = np.random.default_rng(4)
     flat = np.stack([np.full((32, 32, 3), c, np.uint8) for c in ((0, 0, 0), (60, 60, 60), (128, 128, 128), (200, 180, 40))])

@@ -47,11 +47,17 @@ def test_the_scan_sees_imports_inside_functions():
     assert "tfs_protos" in imported_packages(ROOT / "serve" / "backends" / "tfserving.py")
 
 
-#: Inside serve: protocols -> core -> backends and runtimes. What each layer may not import.
+#: Inside serve: the protocols (codecs) over the core over the backends; HTTP and gRPC around the protocols; telemetry
+#: under all. What each folder may not import.
 SERVE_FORBIDDEN = {
-    "serve/protocols": ("serve.backends", "serve.core.decode", "serve.published", "flask_limiter"),
-    "serve/core": ("flask", "werkzeug", "serve.protocols", "serve.backends", "serve.security", "serve.health"),
-    "serve/backends": ("flask", "werkzeug", "serve.protocols", "serve.core.service"),
+    "serve/protocols": ("serve.backends", "serve.core.decode", "serve.core.tensors", "serve.core.admission",
+                        "limits"),
+    "serve/core": ("flask", "werkzeug", "grpc", "serve.protocols", "serve.backends", "serve.http", "serve.grpc",
+                   "serve.settings"),
+    "serve/backends": ("flask", "werkzeug", "serve.protocols", "serve.core.service", "serve.http", "serve.grpc"),
+    "serve/http": ("serve.protocols", "serve.backends", "serve.grpc", "serve.core.service"),
+    "serve/grpc": ("flask", "werkzeug", "serve.http", "serve.backends"),
+    "serve/telemetry": ("serve.core", "serve.protocols", "serve.backends", "serve.http", "serve.grpc"),
 }
 
 
@@ -68,7 +74,8 @@ def imported_modules(path):
 
 
 def test_serve_layers_protocols_over_core_over_backends():
-    """No protocol reaches past the core (to a backend, a runtime, the batcher or the decoder); the core knows no Flask."""
+    """No protocol reaches past the core (to a backend, a runtime, the batcher, the decoder or the gate); the core knows
+    no Flask and no gRPC; the transports know no backend; telemetry knows none of the layers it serves."""
     wrong = {}
     for folder, forbidden in SERVE_FORBIDDEN.items():
         for path in sorted((ROOT / folder).rglob("*.py")):
@@ -84,6 +91,79 @@ def test_the_serve_scan_sees_what_it_forbids():
     assert "serve.backends.batcher" in imported_modules(ROOT / "serve" / "backends" / "version.py")
 
 
+def serve_modules():
+    """``{module name: path}`` of every module of serve/ (a package as its ``__init__``)."""
+    modules = {}
+    for path in sorted((ROOT / "serve").rglob("*.py")):
+        parts = path.relative_to(ROOT).with_suffix("").parts
+        modules[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = path
+    return modules
+
+
+def import_graph(modules):
+    """``{module: {modules of serve it imports}}``, function bodies included: ``from a import b`` is the module ``a.b``
+    when that is one, else ``a``. A module's own packages are left out: importing it runs them first, whoever imports it."""
+    graph = {}
+    for name, path in modules.items():
+        targets = set()
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, ast.Import):
+                names = [alias.name for alias in node.names]
+            elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+                names = [f"{node.module}.{alias.name}" if f"{node.module}.{alias.name}" in modules else node.module
+                         for alias in node.names]
+            else:
+                continue
+            for imported in names:
+                while imported and imported not in modules:
+                    imported = imported.rpartition(".")[0]
+                if imported and imported != name and not name.startswith(imported + "."):
+                    targets.add(imported)
+        graph[name] = targets
+    return graph
+
+
+def cycles(graph):
+    """Every strongly connected group of more than one module (Tarjan's algorithm), each sorted."""
+    index, low, stack, on_stack, found = {}, {}, [], set(), []
+
+    def visit(node):
+        index[node] = low[node] = len(index)
+        stack.append(node)
+        on_stack.add(node)
+        for target in graph[node]:
+            if target not in index:
+                visit(target)
+                low[node] = min(low[node], low[target])
+            elif target in on_stack:
+                low[node] = min(low[node], index[target])
+        if low[node] == index[node]:
+            group = []
+            while True:
+                member = stack.pop()
+                on_stack.discard(member)
+                group.append(member)
+                if member == node:
+                    break
+            if len(group) > 1:
+                found.append(sorted(group))
+
+    for node in graph:
+        if node not in index:
+            visit(node)
+    return found
+
+
+def test_serve_has_no_import_cycle():
+    """Reading serve's imports as a graph (imports inside functions included), no module reaches itself."""
+    assert cycles(import_graph(serve_modules())) == []
+
+
+def test_the_cycle_finder_finds_one():
+    assert cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+    assert cycles({"a": {"b"}, "b": set()}) == []
+
+
 def test_no_test_module_imports_another():
     """Tests share helpers through tests/support/, never by importing one another's test modules."""
     wrong = {}
@@ -95,7 +175,10 @@ def test_no_test_module_imports_another():
 
 
 def test_the_tests_are_arranged_by_stage():
-    stages = {"train", "export", "serve", "client", "deploy", "project"}
+    stages = {"train", "export", "serve", "client", "deploy", "bench", "project"}
     flat = sorted(p.name for p in (ROOT / "tests").glob("test_*.py"))
     assert not flat, f"tests outside a stage folder: {flat}"
-    assert {p.parent.name for p in (ROOT / "tests").rglob("test_*.py")} <= stages
+    assert {p.relative_to(ROOT / "tests").parts[0] for p in (ROOT / "tests").rglob("test_*.py")} <= stages
+    # Within serve, the tests mirror the code: each folder of tests/serve/ is a package of serve/.
+    folders = {p.parent.relative_to(ROOT / "tests" / "serve") for p in (ROOT / "tests" / "serve").rglob("test_*.py")}
+    assert all((ROOT / "serve" / folder / "__init__.py").is_file() for folder in folders), sorted(map(str, folders))

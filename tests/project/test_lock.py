@@ -1,6 +1,5 @@
 """The lock files (requirements/*.txt) agree with pyproject.toml, and every install goes through them."""
 
-import importlib.util
 import os
 import re
 
@@ -10,10 +9,9 @@ from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
 from packaging.version import Version
 
-REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-_spec = importlib.util.spec_from_file_location("lock", os.path.join(REPO, "scripts", "lock.py"))
-lock = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(lock)
+from scripts import lock
+
+REPO = lock.REPO
 
 PROJECT = canonicalize_name("cifar-tpu-pipeline")
 # Where the locks are meant to install (scripts/lock.py): CPython 3.11 on Linux x86_64.
@@ -78,7 +76,7 @@ def test_the_lock_was_made_from_the_dependencies_pyproject_declares_now(name):
     first = _read(name).splitlines()[0]
     assert first == lock.DIGEST_PREFIX + lock.dependency_digest(DATA), (
         f"requirements/{name}.txt is stale: pyproject.toml's dependencies changed since it was made; "
-        "run `python scripts/lock.py` (README: 'Updating the lock')"
+        "run `python scripts/lock.py` (docs/training.md: 'Installs and the lock')"
     )
 
 

@@ -5,11 +5,20 @@ the guards) over a :class:`fake_backend.FakeBackend`, with no model and no train
 ``model_base``, the version exported from a real training run, for the tests of what a real runtime
 answers; every test that needs the real model is marked ``end_to_end`` (tests/conftest.py refuses one that is not), so
 ``pytest tests/serve -m "not end_to_end"`` runs the unit tests alone.
+
+``target`` and ``channel`` are the gRPC server over a module's own module-scoped ``app``, and a channel to it;
+``access_lines``, what the access log writes, for the tests of request ids on either transport.
 """
 
+import io
+import json
+import logging
+
+import grpc
 import pytest
 
 import fake_backend
+import grpc_servers
 
 
 @pytest.fixture()
@@ -20,7 +29,7 @@ def backend():
 
 #: Modules whose ``client`` tests run twice: as they are, and against the app with an API key required on the
 #: API and the form, the client sending it: with the key a client gets exactly the answers it gets without keys.
-KEYED_MODULES = ("test_serve_api", "test_serve_uploads", "test_hostile")
+KEYED_MODULES = ("test_serve_api", "test_multipart", "test_hostile")
 KEY = "hostile-input-test-key"
 
 
@@ -53,3 +62,33 @@ def client(app, api_key):
 @pytest.fixture()
 def real_client(real_app):
     return real_app.test_client()
+
+
+@pytest.fixture(scope="module")
+def target(app):
+    """``host:port`` of the gRPC server (both gRPC APIs and health) over ``app``, one for the module's tests: a module
+    that asks for it defines a module-scoped ``app``."""
+    with grpc_servers.serving(app) as target:
+        yield target
+
+
+@pytest.fixture(scope="module")
+def channel(target):
+    """A gRPC channel to ``target``."""
+    channel = grpc.insecure_channel(target)
+    yield channel
+    channel.close()
+
+
+@pytest.fixture()
+def access_lines():
+    """The JSON lines the ``serve.access`` logger writes while the test runs."""
+    from serve.telemetry import logs
+
+    stream = io.StringIO()
+    handler = logging.StreamHandler(stream)
+    handler.setFormatter(logs.formatter("json"))
+    handler.addFilter(logs.RequestIdFilter())
+    logging.getLogger("serve.access").addHandler(handler)
+    yield lambda: [json.loads(line) for line in stream.getvalue().splitlines()]
+    logging.getLogger("serve.access").removeHandler(handler)

@@ -26,6 +26,7 @@ import pytest
 import requests
 from PIL import Image
 
+import raw_http
 import synthetic
 from fake_backend import FakeBackend, make_app
 from live_server import access_messages, start_server, stop_server
@@ -499,12 +500,9 @@ def exchange(port, data, timeout=60, half_close=False):
         sock.sendall(data)
         if half_close:
             sock.shutdown(socket.SHUT_WR)
-        head = b""
-        while b"\r\n" not in head:
-            chunk = sock.recv(4096)
-            if not chunk:
-                return None
-            head += chunk
+        head = raw_http.receive_until(sock, lambda data: b"\r\n" in data)
+    if b"\r\n" not in head:
+        return None
     return int(head.split(b" ", 2)[1])
 
 
@@ -512,9 +510,7 @@ def whole_answer(port, data, timeout=60):
     """Send raw bytes; return ``(status, headers as a lower-cased dict, body)`` of an answer that closes."""
     with socket.create_connection(("127.0.0.1", port), timeout=timeout) as sock:
         sock.sendall(data)
-        answer = b""
-        while chunk := sock.recv(65536):
-            answer += chunk
+        answer = raw_http.receive_all(sock)
     head, _, body = answer.partition(b"\r\n\r\n")
     status_line, *lines = head.decode("latin-1").split("\r\n")
     headers = {name.strip().lower(): value.strip() for name, _, value in (line.partition(":") for line in lines)}

@@ -21,6 +21,7 @@ import pytest
 from PIL import Image
 
 import contract
+import raw_http
 import synthetic
 from fake_backend import FakeBackend, make_app, published_manifest
 from live_server import start_server, stop_server
@@ -58,7 +59,6 @@ def test_a_request_over_the_pixel_budget_is_a_413_before_any_decoding(app, clien
     decoded = []
     real = decode.decode_many
     monkeypatch.setattr(decode, "decode_many", lambda datas, *a, **k: decoded.append(len(datas)) or real(datas, *a, **k))
-    monkeypatch.setattr(decode, "decode_all", lambda datas, *a, **k: decoded.append(len(datas)) or real(datas, *a, **k))
     path, kwargs = _budget_requests(5)[route]  # 5 x 16.7 M pixels: over the default 67.1 M
     response = client.post(path, **kwargs)
     assert response.status_code == 413
@@ -113,13 +113,7 @@ def _raw(url, request, timeout=30):
     host, port = url.removeprefix("http://").split(":")
     with socket.create_connection((host, int(port)), timeout=timeout) as sock:
         sock.sendall(request)
-        data = b""
-        try:
-            while chunk := sock.recv(65536):
-                data += chunk
-        except TimeoutError:
-            pass
-        return data
+        return raw_http.receive_all(sock, ended_by=TimeoutError)
 
 
 @pytest.mark.end_to_end
@@ -199,37 +193,51 @@ def test_answers_are_not_stored_and_say_what_they_vary_on():
 # -- 12. load shedding -------------------------------------------------------------------------------------
 
 
-def test_the_batcher_sheds_past_its_queue_and_its_deadline():
-    from serve.backends.batcher import Batcher, Overloaded
+def test_the_core_sheds_past_its_queue_and_the_batcher_past_a_deadline():
+    from serve.backends.batcher import Batcher
+    from serve.core import InferRequest, InferenceService, Limits, Tensor
+    from serve.core.errors import Shed
 
-    release = threading.Event()
-    entered = threading.Event()
+    backend = FakeBackend()
+    backend.hold = threading.Event()
+    service = InferenceService(backend, "cifar10", Limits(max_images=8, max_pixels=1 << 20, top_k=3,
+                                                          max_request_pixels=1 << 22, max_queue=4))
+    pixels = lambda n: InferRequest({"images": Tensor(np.zeros((n, 32, 32, 3), np.uint8).tolist())})  # noqa: E731
+    first = threading.Thread(target=lambda: service.infer(pixels(3)))
+    first.start()
+    try:
+        assert backend.entered.wait(30)
+        with pytest.raises(Shed, match="SERVE_MAX_QUEUE"):
+            service.infer(pixels(2))  # 3 held + 2 > 4
+    finally:
+        backend.hold.set()
+        first.join(30)
+    assert service.infer(pixels(4)).outputs["probabilities"].shape[0] == 4 and service.holding == 0
+
+    release, entered = threading.Event(), threading.Event()
 
     def slow(images):
         entered.set()
         release.wait(30)
         return {"x": np.zeros((len(images), 1))}
 
-    batcher = Batcher(slow, max_batch=4, max_queue=4, timeout_s=0.05)
+    batcher = Batcher(slow, max_batch=4)
     try:
-        first = threading.Thread(target=lambda: batcher.submit(np.zeros((3, 1))))
-        first.start()
+        busy = threading.Thread(target=lambda: batcher.submit(np.zeros((3, 1))))
+        busy.start()
         assert entered.wait(30)
-        with pytest.raises(Overloaded, match="SERVE_MAX_QUEUE"):
-            batcher.submit(np.zeros((2, 1)))  # 3 waiting + 2 > 4
-        with pytest.raises(TimeoutError, match="SERVE_PREDICT_TIMEOUT_S"):
-            batcher.submit(np.zeros((1, 1)))  # fits, but the model is busy past the deadline
+        with pytest.raises(TimeoutError, match="deadline"):
+            batcher.submit(np.zeros((1, 1)), deadline=time.monotonic())  # the model is busy past its deadline
         release.set()
-        first.join(30)
+        busy.join(30)
         assert batcher.submit(np.zeros((1, 1)))["x"].shape == (1, 1)
-        assert batcher.waiting == 0
     finally:
         release.set()
         batcher.close()
 
 
 def test_shed_load_is_a_503_with_retry_after_on_every_route_and_counted():
-    from serve.core import Shed
+    from serve.core.errors import Shed
 
     backend = FakeBackend()
     backend.raises = Shed("this worker queues at most 4 images (SERVE_MAX_QUEUE)", "queue_full")
@@ -453,7 +461,7 @@ class _UnsureBackend(FakeBackend):
     def __init__(self):
         super().__init__(manifests={1: published_manifest(("cat", "deer", "dog"))})
 
-    def infer(self, images, version=None):
+    def infer(self, images, version=None, deadline=None):
         from serve.core import Prediction
 
         rows = np.tile(np.float32([[0.30, 0.45, 0.25]]), (len(images), 1))
@@ -474,12 +482,12 @@ def test_readyz_says_when_workers_answer_with_different_versions(tmp_path):
     import subprocess
     import sys
 
-    script = ("import sys; from serve.metrics import Metrics; "
+    script = ("import sys; from serve.telemetry.metrics import Metrics; "
               "Metrics(multiprocess=True).model_loaded('litert', int(sys.argv[1]))")
     env = {**os.environ, "PROMETHEUS_MULTIPROC_DIR": str(tmp_path)}
     for version in ("1", "2"):
         subprocess.run([sys.executable, "-c", script, version], env=env, check=True, timeout=120)
-    probe = ("import json, sys; from serve.metrics import Metrics; print(json.dumps(Metrics(multiprocess=True).versions_served()))")
+    probe = ("import json, sys; from serve.telemetry.metrics import Metrics; print(json.dumps(Metrics(multiprocess=True).versions_served()))")
     both = subprocess.run([sys.executable, "-c", probe], env=env, check=True, timeout=120, capture_output=True, text=True)
     assert json.loads(both.stdout) == [1, 2]
     for path in tmp_path.iterdir():

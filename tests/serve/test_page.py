@@ -125,11 +125,12 @@ class _KnownBackend:
 
         return ModelInfo(name="cifar10", version=1, versions=(1,), class_names=CLASSES)
 
-    def infer(self, images, version=None):
-        from serve.core import Prediction, ServeError
+    def infer(self, images, version=None, deadline=None):
+        from serve.core import Prediction
+        from serve.core.errors import Unavailable
 
         if self.fail:
-            raise ServeError(self.fail, 503)
+            raise Unavailable(self.fail)
         colour = np.asarray(images, np.float32).mean(axis=(1, 2)).argmax(1)
         rows = np.float32([ROWS[c] for c in colour.tolist()])
         return Prediction(1, {"probabilities": rows, "class_ids": rows.argmax(1),

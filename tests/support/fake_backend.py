@@ -5,7 +5,7 @@ production, over answers computed from the pixels, so no test of the front end w
 as the local backend builds it (:meth:`ModelInfo.build`), from a real :class:`contract.published.Published`
 (:func:`published_manifest`) and the signature definitions that manifest lists, turned into TF Serving's
 JSON by the same code that reads a ``saved_model.pb`` (:func:`serve.signatures.signature_def_map_json`);
-``tests/serve/test_fake_backend.py`` checks both against the local backend over a real export.
+``tests/serve/core/test_fake_backend.py`` checks both against the local backend over a real export.
 
 The model: class ``c``'s logit is ``SCALE * (mean of channel c % 3) / 255`` plus ``version - 1`` for class
 ``(version - 1) % C`` (so versions answer differently), the probabilities its softmax, the
@@ -19,6 +19,7 @@ after setting ``entered``), ``not_ready`` (``ready()`` answers 503, as before a 
 
 import dataclasses
 import threading
+import time
 
 import numpy as np
 
@@ -29,7 +30,7 @@ from contract import (CHANNELS, IMAGE_SIZE, INPUT_BYTES, INPUT_PIXELS, OUTPUT_CL
 from contract import manifest as manifests
 from contract import published as publications
 from contract.recipe import Recipe
-from serve.core.errors import NotServed, ServeError
+from serve.core.errors import BadRequest, NotServed, Shed, Unavailable
 from serve.core.model import ModelInfo, Prediction, readiness_images
 
 SCALE = 8.0
@@ -90,8 +91,8 @@ def published_manifest(class_names=synthetic.CLASS_NAMES, *, model_name="cifar10
 
 
 def signature_defs(manifest):
-    """``manifest``'s signatures in TF Serving's metadata JSON, as the local backend reads them from ``saved_model.pb``."""
-    from serve import signatures
+    """``manifest``'s signatures, typed, as the local backend reads them from ``saved_model.pb``."""
+    from serve.backends import signatures
     from tfs_protos.tensorflow_serving.apis import get_model_metadata_pb2
 
     defs = get_model_metadata_pb2.SignatureDefMap()
@@ -102,7 +103,7 @@ def signature_defs(manifest):
             _tensor_info(sig.inputs[key], tensor, f"{name}_{key}:0")
         for index, (key, tensor) in enumerate(sorted(signature.outputs.items())):
             _tensor_info(sig.outputs[key], tensor, f"StatefulPartitionedCall:{index}")
-    return signatures.signature_def_map_json(defs)
+    return signatures.of_signature_defs(defs.signature_def)
 
 
 def _tensor_info(info, tensor, name):
@@ -114,7 +115,7 @@ def _tensor_info(info, tensor, name):
 
 def logits(images, version=1, num_classes=len(synthetic.CLASS_NAMES)):
     """The fake model's logits for uint8 ``[N, 32, 32, 3]`` pixels, float64 ``[N, num_classes]``."""
-    means = np.asarray(images, np.float64).reshape(len(images), -1, CHANNELS).mean(axis=1) / 255.0
+    means = np.asarray(images, np.float64).reshape(len(images), IMAGE_SIZE * IMAGE_SIZE, CHANNELS).mean(axis=1) / 255.0
     z = SCALE * means[:, [c % CHANNELS for c in range(num_classes)]]
     z[:, (version - 1) % num_classes] += version - 1
     return z
@@ -177,12 +178,12 @@ class FakeBackend:
         return ModelInfo.build(self.name, number, defs, manifest, versions=self.versions, runtime=self.runtime,
                                labels=dict(self.labels), skipped_versions=dict(self.skipped_versions))
 
-    def infer(self, images, version=None):
+    def infer(self, images, version=None, deadline=None):
         number = self._version(version)
         images = np.asarray(images, np.uint8)
         with self._lock:
             self.calls.append((SIGNATURE_PIXELS, number, len(images)))
-        self._fault()
+        self._fault(deadline)
         manifest = self.manifests[number]
         if manifest is None:
             outputs = expected(images, number, [f"class_{c}" for c in range(len(synthetic.CLASS_NAMES))], threshold=None)
@@ -192,17 +193,12 @@ class FakeBackend:
         return Prediction(number, outputs)
 
     def run(self, signature_name, inputs, version=None):
-        info = self.info(version)
-        if signature_name not in info.signature_defs:
-            raise ServeError(f"signature {signature_name!r} not found; this model has {sorted(info.signature_defs)}", 400)
-        if signature_name == SIGNATURE_PIXELS and set(inputs) == {INPUT_PIXELS}:
-            return self.infer(inputs[INPUT_PIXELS], version).outputs
-        # As LiteRT (the default runtime) answers: it runs serving_default alone.
-        raise ServeError(f"the {self.runtime} runtime does not run signature {signature_name!r}", 400)
+        # As LiteRT (the default runtime) answers: it runs serving_default alone, which the core sends to infer.
+        raise BadRequest(f"the {self.runtime} runtime does not run signature {signature_name!r}")
 
     def ready(self):
         if self.not_ready:
-            raise ServeError("the model is still loading", 503)
+            raise Unavailable("the model is still loading")
         self.infer(readiness_images())
         return self.versions[-1]
 
@@ -211,17 +207,20 @@ class FakeBackend:
 
     def _version(self, version):
         if self.not_ready:
-            raise ServeError("the model is still loading", 503)
+            raise Unavailable("the model is still loading")
         number = self.versions[-1] if version is None else int(version)
         if number not in self.manifests:
-            raise NotServed(self.name, version, self.versions, f"model {self.name!r} version {version} is not loaded "
-                            f"(available: {', '.join(map(str, self.versions))})")
+            raise NotServed(f"model {self.name!r} version {version} is not loaded "
+                            f"(available: {', '.join(map(str, self.versions))})", name=self.name, version=version,
+                            versions=self.versions)
         return number
 
-    def _fault(self):
+    def _fault(self, deadline=None):
         if self.hold is not None:
             self.entered.set()
-            self.hold.wait()
+            # As the local backend's batcher does: a call waits for the model until its deadline, then gives up.
+            if not self.hold.wait(None if deadline is None else max(0.0, deadline - time.monotonic())):
+                raise Shed("the model did not answer by the request's deadline", "timeout")
         if self.raises is not None:
             raise self.raises
 
@@ -238,3 +237,22 @@ def make_app(backend=None, api_key=None, **settings):
 
     settings = {**APP_SETTINGS, **({"API_KEYS": api_key} if api_key else {}), **settings}
     return create_app(settings, backend=backend if backend is not None else FakeBackend())
+
+
+def probabilities_by_class(predictions):
+    """The JSON API's ``predictions`` as a table of probabilities: a row an image, a column a class id."""
+    table = np.full((len(predictions), len(synthetic.CLASS_NAMES)), np.nan, np.float32)
+    for row, prediction in enumerate(predictions):
+        for entry in prediction["top_k"]:
+            table[row, entry["class_id"]] = entry["probability"]
+    assert not np.isnan(table).any(), predictions
+    return table
+
+
+def api_probabilities(app, images, headers):
+    """``/api/v1/predict``'s probabilities for ``images`` sent as PNG uploads, by class id: what the other protocols
+    of the same app must answer."""
+    files = [(f"{i}.png", synthetic.encode(image)) for i, image in enumerate(images)]
+    response = app.test_client().post("/api/v1/predict", headers=headers, **synthetic.multipart(*files))
+    assert response.status_code == 200, response.get_json()
+    return probabilities_by_class(response.get_json()["predictions"])

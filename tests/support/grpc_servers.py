@@ -6,9 +6,9 @@ import contextlib
 @contextlib.contextmanager
 def serving(app, threads=8):
     """``host:port`` of ``app``'s gRPC server while the block runs; stopped after it."""
-    from serve.protocols import tfserving_grpc
+    from serve.grpc import server as grpc_server
 
-    server, port = tfserving_grpc.make_server(app, "127.0.0.1:0", threads=threads, reuse_port=False)
+    server, port = grpc_server.make_server(app, "127.0.0.1:0", threads=threads, reuse_port=False)
     server.start()
     try:
         yield f"127.0.0.1:{port}"

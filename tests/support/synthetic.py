@@ -50,6 +50,14 @@ def encode(image, fmt="PNG", **kwargs):
     return buffer.getvalue()
 
 
+def photo_like(seed, size=32):
+    """Smooth colour gradients plus noise: every DCT coefficient matters, unlike flat synthetic shapes."""
+    rng = np.random.default_rng(seed)
+    y, x = np.mgrid[0:size, 0:size] / size
+    base = np.stack([x, y, (x + y) / 2], axis=-1) * rng.uniform(80, 255, 3)
+    return np.clip(base + rng.normal(0, 25, (size, size, 3)), 0, 255).astype(np.uint8)
+
+
 def multipart(*files, **fields):
     """``post()`` arguments: ``(filename, bytes)`` files in field ``file``, as browsers and ``requests`` encode them.
 

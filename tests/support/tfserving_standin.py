@@ -121,25 +121,25 @@ def _check_shape(alias, spec, array):
         raise _invalid(f"input tensor {alias} has shape {list(array.shape)}, which does not match {shape}")
 
 
+def _check_aliases(given, known, message):
+    """Refuse the first alias of ``given`` not in ``known`` with TF Serving's ``message`` (its words differ for
+    inputs and outputs, down to a full stop)."""
+    for alias in given:
+        if alias not in known:
+            raise _invalid(message.format(alias=alias, known=",".join(sorted(known))))
+
+
 def _run(function, inputs, output_filter=()):
     """Call a signature on numpy ``inputs`` (a dict by alias); return numpy outputs by alias."""
     specs = _input_specs(function)
-    for alias in inputs:
-        if alias not in specs:
-            raise _invalid(
-                f"input tensor alias not found in signature: {alias}. "
-                f"Inputs expected to be in the set {{{','.join(sorted(specs))}}}."
-            )
+    _check_aliases(inputs, specs,
+                   "input tensor alias not found in signature: {alias}. Inputs expected to be in the set {{{known}}}.")
     missing = sorted(set(specs) - set(inputs))
     if missing:
         raise _invalid(f"Missing input tensor alias(es): {', '.join(missing)}")
     outputs = _output_dtypes(function)
-    for alias in output_filter:
-        if alias not in outputs:
-            raise _invalid(
-                f"output tensor alias not found in signature: {alias} "
-                f"Outputs expected to be in the set {{{','.join(sorted(outputs))}}}."
-            )
+    _check_aliases(output_filter, outputs,
+                   "output tensor alias not found in signature: {alias} Outputs expected to be in the set {{{known}}}.")
     tensors = {}
     for alias, array in inputs.items():
         spec = specs[alias]

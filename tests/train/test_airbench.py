@@ -150,9 +150,11 @@ def test_the_recipe_callbacks_set_the_weights_under_jax_as_under_tensorflow(tmp_
     import recipe_callbacks_fit
 
     env = {k: v for k, v in os.environ.items() if k != "JAX_PLATFORMS"}
-    env.update(KERAS_BACKEND="jax", TF_CPP_MIN_LOG_LEVEL="3", XLA_FLAGS="--xla_force_host_platform_device_count=8")
+    support = os.path.dirname(recipe_callbacks_fit.__file__)
+    env.update(KERAS_BACKEND="jax", TF_CPP_MIN_LOG_LEVEL="3", XLA_FLAGS="--xla_force_host_platform_device_count=8",
+               PYTHONPATH=os.pathsep.join([os.path.dirname(os.path.dirname(support)), support]))
     out = tmp_path / "jax.npz"
-    result = subprocess.run([sys.executable, recipe_callbacks_fit.__file__, str(out)], env=env, capture_output=True,
+    result = subprocess.run([sys.executable, "-m", "recipe_callbacks_fit", str(out)], env=env, capture_output=True,
                             text=True, timeout=300)
     assert result.returncode == 0, result.stderr[-3000:]
     under_jax = dict(np.load(out))

@@ -56,7 +56,31 @@ def test_on_a_tpu_host_jax_may_use_the_tpu_and_tensorflow_is_not_pointed_at_it(t
     env = {}
     hardware.prepare_environment("tensorflow", environ=env, pci_root=tpu_host)
     # No TensorFlow build runs on current TPUs: TensorFlow trains on the CPU or GPUs only.
-    assert env == {"KERAS_BACKEND": "tensorflow", "TF_ENABLE_ONEDNN_OPTS": "1"}
+    assert env == {"KERAS_BACKEND": "tensorflow", "TF_ENABLE_ONEDNN_OPTS": "1", "TF_CPP_MIN_LOG_LEVEL": "2",
+                   "TF_ENABLED_DEVICE_TYPES": "CPU"}
+
+
+def test_tensorflow_sees_only_its_cpu_where_there_is_no_nvidia_device(tmp_path):
+    env = {}
+    hardware.quiet_tensorflow(env, _pci(tmp_path / "cpu-host", "0x8086"))
+    assert env == {"TF_CPP_MIN_LOG_LEVEL": "2", "TF_ENABLED_DEVICE_TYPES": "CPU"}
+    env = {}
+    hardware.quiet_tensorflow(env, _pci(tmp_path / "gpu-host", "0x10de", "0x8086"))
+    assert env == {"TF_CPP_MIN_LOG_LEVEL": "2"}, "a GPU host keeps TensorFlow's GPU devices"
+    chosen = {"TF_CPP_MIN_LOG_LEVEL": "0", "TF_ENABLED_DEVICE_TYPES": "CPU,GPU"}
+    hardware.quiet_tensorflow(chosen, str(tmp_path / "cpu-host"))
+    assert chosen == {"TF_CPP_MIN_LOG_LEVEL": "0", "TF_ENABLED_DEVICE_TYPES": "CPU,GPU"}, "the user's choice stands"
+
+
+def test_a_tensorflow_start_prints_no_cuda_error():
+    """On this machine, GPU or not: no ``failed call to cuInit`` (an error line on every machine without a GPU)."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TF_")}
+    code = ("from train import hardware; hardware.quiet_tensorflow(); import tensorflow as tf; "
+            "print(len(tf.config.list_logical_devices('CPU')))")
+    done = subprocess.run([sys.executable, "-c", code], cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "1"
+    assert "cuInit" not in done.stderr and "E0000" not in done.stderr, done.stderr
 
 
 def test_tensorflow_trains_with_onednn_on_every_cpu_unless_the_user_turns_it_off():
@@ -156,29 +180,33 @@ print(json.dumps({"code": code, "loaded": sorted(m for m in ("keras", "tensorflo
 """
 
 
+#: A bad input for each stage: its flag, its name under tmp_path, what is there (nothing, a file or a folder), and
+#: the one line the stage answers, naming the input's path.
+BAD_INPUTS = {
+    "train: missing data": ("--data", "no-such-data", None, "error: data path {path!r} does not exist"),
+    "train: not data": ("--data", "notes.txt", "file",
+                        "error: {path!r} is neither a folder, a .zip, nor a CIFAR-10 binary tarball"),
+    "export: missing run": ("--run", "no-such-run", None, "error: run directory {path} does not exist"),
+    "export: unfinished run": ("--run", "run", "folder", "error: no manifest.json in {path} (is training finished?)"),
+}
+#: Where each stage would write: its flag, and a name under tmp_path.
+OUTPUTS = {"train": ("--output", "out"), "export": ("--model-dir", "models")}
+
+
 def _bad_input(kind, tmp_path):
-    if kind == "train: missing data":
-        missing = tmp_path / "no-such-data"
-        return ["train", "--data", str(missing), "--output", str(tmp_path / "out")], \
-            f"error: data path {str(missing)!r} does not exist", tmp_path / "out"
-    if kind == "train: not data":
-        notes = tmp_path / "notes.txt"
-        notes.write_text("hello")
-        return ["train", "--data", str(notes), "--output", str(tmp_path / "out")], \
-            f"error: {str(notes)!r} is neither a folder, a .zip, nor a CIFAR-10 binary tarball", tmp_path / "out"
-    if kind == "export: missing run":
-        missing = tmp_path / "no-such-run"
-        return ["export", "--run", str(missing), "--model-dir", str(tmp_path / "models")], \
-            f"error: run directory {missing} does not exist", tmp_path / "models"
-    if kind == "export: unfinished run":
-        run = tmp_path / "run"
-        run.mkdir()
-        return ["export", "--run", str(run), "--model-dir", str(tmp_path / "models")], \
-            f"error: no manifest.json in {run} (is training finished?)", tmp_path / "models"
-    raise AssertionError(kind)
+    flag, name, there, line = BAD_INPUTS[kind]
+    stage = kind.split(":")[0]
+    path = tmp_path / name
+    if there == "file":
+        path.write_text("hello")
+    elif there == "folder":
+        path.mkdir()
+    output_flag, output_name = OUTPUTS[stage]
+    output = tmp_path / output_name
+    return [stage, flag, str(path), output_flag, str(output)], line.format(path=str(path)), output
 
 
-@pytest.mark.parametrize("kind", ["train: missing data", "train: not data", "export: missing run", "export: unfinished run"])
+@pytest.mark.parametrize("kind", list(BAD_INPUTS))
 def test_bad_input_is_one_line_before_any_framework_loads(kind, tmp_path):
     argv, expected, output = _bad_input(kind, tmp_path)
     env = {k: v for k, v in os.environ.items() if k not in ("CIFAR_VERBOSE", "KERAS_BACKEND")}

@@ -23,7 +23,7 @@ def test_tpu_extra_installs_imports_and_trains_on_a_machine_without_a_tpu(tmp_pa
     venv = tmp_path / "venv"
     subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, timeout=120)
     python = str(venv / "bin" / "python")
-    # The extra's lock, as every install here (README: "Updating the lock"), then the project alone.
+    # The extra's lock, as every install here (docs/training.md: "Installs and the lock"), then the project alone.
     # uv, which scripts/test.sh installs beside the tests, takes the wheels the tests' own install
     # left in its cache (libtpu is the one it downloads): seconds where pip resolving and
     # downloading the extra took over 3 minutes.

@@ -1,0 +1,1 @@
+"""Accuracy of record: exported models scored on the same test images, and several seeds compared."""

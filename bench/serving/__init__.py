@@ -1,0 +1,1 @@
+"""Serving: speed of the runtimes, the request path's parts, protocols, slow clients and soaks."""
