@@ -90,10 +90,17 @@ def check(record):
     return record
 
 
-def write(path, figures, module, argv=None):
-    """``figures`` with this run's command, machine, commit and date: written to ``path``, or printed as JSON when it is None."""
+def write(path, figures, module, argv=None, **given):
+    """``figures`` with this run's command, machine, commit and date: written to ``path``, or printed as JSON when it is None.
+
+    ``given``: any of those keys (:data:`META`) the caller knows better, e.g. the command and commit of a
+    training run that a script records after it finished, or a machine whose ``load`` is words.
+    """
+    unknown = set(given) - set(META)
+    if unknown:
+        raise TypeError(f"write() takes no {', '.join(sorted(unknown))}: figures go in figures")
     record = check({"command": command(module, argv), "machine": machine(), "commit": commit() or "unknown",
-                    "date": datetime.date.today().isoformat(), "source": "measured", **figures})
+                    "date": datetime.date.today().isoformat(), "source": "measured", **given, **figures})
     text = json.dumps(record, indent=1)
     if path:
         with open(path, "w") as f:

@@ -85,6 +85,16 @@ def test_write_adds_this_run_and_machine(tmp_path):
     assert record.load(str(tmp_path / "r.json")) == written
 
 
+def test_write_keeps_the_provenance_its_caller_gives(tmp_path):
+    machine = {**record.machine(), "load": "shared: other work ran beside it"}
+    written = record.write(str(tmp_path / "r.json"), {"figure": 1}, "bench.training.run_record", [],
+                           command="python -m train --seed 0", commit="abc1234", date="2026-12-05", machine=machine)
+    assert (written["command"], written["commit"], written["date"]) == ("python -m train --seed 0", "abc1234", "2026-12-05")
+    assert written["machine"]["load"] == "shared: other work ran beside it"
+    with pytest.raises(TypeError, match="figures go in figures"):
+        record.write(None, {}, "bench.x", [], accuracy=0.9)
+
+
 @pytest.mark.parametrize("flags, kind", [
     ({"avx2", "fma"}, "avx2"),
     ({"avx2", "avx512f"}, "avx512"),

@@ -3,34 +3,31 @@ TensorFlow loads (oneDNN's math mode, the allocator): each variant in a fresh pr
 
 Typical usage::
 
-    python bench/train_step_time.py --model airbench_muon --batch 1000 \\
+    python -m bench.training.step_time --model airbench_muon --batch 1000 \\
         --variant mixed_bfloat16 --variant "float32 ONEDNN_DEFAULT_FPMATH_MODE=BF16" \\
         --variant "mixed_bfloat16 LD_PRELOAD=/lib/x86_64-linux-gnu/libtcmalloc_minimal.so.4" \\
-        --rounds 2 --json bench/records/train-step-airbench_muon-b1000.json
+        --rounds 2 --json bench/records/training-step-airbench_muon-b1000.json
 
 A variant is a Keras precision policy, then any ``NAME=VALUE`` environment settings. Each round runs
 every variant once, in order, in its own process: the model built and compiled as the trainer does
 (``train.models``, ``train.losses``, ``train.schedules``), one untimed step that compiles, two more
 untimed, then ``--repeats`` timed ``train_on_batch`` calls on a batch of random images; the median is
-the variant's figure for the round. ``vmstat``'s CPU shares beside each process say whether the
-machine was quiet. The step's arithmetic does not depend on the pixels.
+the variant's figure for the round. ``vmstat``'s runnable processes and CPU shares beside each process
+say whether the machine was quiet. The step's arithmetic does not depend on the pixels.
 """
 
 import argparse
 import json
 import os
-import statistics
 import subprocess
 import sys
 import time
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-ROOT = os.path.dirname(HERE)
-sys.path.insert(0, HERE)
+from bench import record
+from bench.training.vmstat import Vmstat
 
 CHILD = """
-import json, os, statistics, sys, time
-sys.path.insert(0, {root!r})
+import json, statistics, time
 from train import hardware
 hardware.prepare_environment("tensorflow")
 import keras, numpy as np
@@ -58,26 +55,23 @@ print(json.dumps({{"first_step_s": first, "median_s": statistics.median(times), 
 
 
 def run_variant(variant, model, batch, repeats):
+    """One variant's step times in a fresh process (run from the repository root), with vmstat's shares beside it."""
     precision, *settings = variant.split()
     env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3", **dict(setting.split("=", 1) for setting in settings)}
-    vmstat = subprocess.Popen(["vmstat", "-n", "2"], stdout=subprocess.PIPE, text=True)
+    vmstat = Vmstat(every=2)
+    started = time.monotonic()
     try:
-        result = subprocess.run([sys.executable, "-c", CHILD.format(root=ROOT, model=model, batch=batch,
-                                                                    precision=precision, repeats=repeats)],
-                                env=env, capture_output=True, text=True, check=True)
+        result = subprocess.run([sys.executable, "-c", CHILD.format(model=model, batch=batch, precision=precision,
+                                                                    repeats=repeats)],
+                                cwd=record.ROOT, env=env, capture_output=True, text=True, check=True)
     finally:
-        vmstat.terminate()
-        lines = vmstat.communicate()[0].splitlines()
-    header = next(line.split() for line in lines if "st" in line.split())
-    rows = [dict(zip(header, map(int, line.split()))) for line in lines[3:] if line.split() and line.split()[0].isdigit()]
+        vmstat.stop()
     out = json.loads(result.stdout.strip().splitlines()[-1])
-    out["vmstat"] = {name: statistics.median(row[name] for row in rows) for name in ("r", "us", "id", "st")} if rows else None
+    out["vmstat"] = vmstat.summary(started, time.monotonic())
     return out
 
 
 def main(argv=None):
-    from main_job import commit, cpu_kind
-
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--model", default="airbench_muon")
     p.add_argument("--batch", type=int, default=2000)
@@ -85,25 +79,15 @@ def main(argv=None):
                    help="a precision policy, then NAME=VALUE environment settings, e.g. \"float32 ONEDNN_DEFAULT_FPMATH_MODE=BF16\"")
     p.add_argument("--repeats", type=int, default=6)
     p.add_argument("--rounds", type=int, default=2)
-    p.add_argument("--json", help="also write the record here")
+    p.add_argument("--json", help="write the record here (bench/records/training-step-NAME.json)")
     args = p.parse_args(argv)
-    model_name, kind = cpu_kind()
     rounds = []
     for _ in range(args.rounds):
         rounds.append({variant: run_variant(variant, args.model, args.batch, args.repeats) for variant in args.variant})
         print(json.dumps({v: round(r["median_s"], 3) for v, r in rounds[-1].items()}), flush=True)
-    record = {
-        "command": "python bench/train_step_time.py " + " ".join(f"'{a}'" if " " in a else a for a in sys.argv[1:]),
-        "machine": {"cpu_kind": kind, "model_name": model_name, "cpus": os.cpu_count()},
-        "commit": commit(),
-        "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-        "model": args.model, "batch": args.batch, "repeats": args.repeats,
-        "median_step_s": {v: [round(r[v]["median_s"], 3) for r in rounds] for v in args.variant},
-        "rounds": rounds,
-    }
-    from emit import emit
-
-    emit(record, args.json)
+    record.write(args.json, {"model": args.model, "batch": args.batch, "repeats": args.repeats,
+                             "median_step_s": {v: [round(r[v]["median_s"], 3) for r in rounds] for v in args.variant},
+                             "rounds": rounds}, __spec__.name, argv)
 
 
 if __name__ == "__main__":

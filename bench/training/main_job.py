@@ -3,8 +3,8 @@
 
 Typical usage::
 
-    python bench/main_job.py --data ../shared/data/cifar10-png.zip --venv .venv \\
-        --json bench/records/main-job-airbench_muon-png.json
+    python -m bench.training.main_job --data ../shared/data/cifar10-png.zip --venv .venv \\
+        --load "quiet: nothing else ran" --json bench/records/training-main-job-airbench_muon-default.json
 
 The job runs as a user runs it, with ``INSTALL=0``: the install is not part of the time (the target
 excludes it), so ``--venv`` names an environment already made from ``requirements/all.txt``. Its run
@@ -12,97 +12,28 @@ and models go to a scratch directory (``--work``), so every run trains from scra
 timed from the lines ``scripts/main.sh`` prints as they come: start to ``== export``, to ``== serve``,
 to the first ``/readyz`` that answers 200 (polled every half second). The server is then stopped.
 
-The record: the command, the CPU kind (``lscpu``'s model name and whether it has AVX-512 BF16 and
-AMX), the commit, each stage's seconds, the trainer's time budget choice and its test accuracy
-(from the run's manifest), and ``vmstat``'s CPU shares (user, system, idle, stolen) over each stage.
+The record (``bench.record``'s, with ``--load``'s words and ``vmstat``'s median of runnable processes
+over the whole job as the machine's load): each stage's seconds, the trainer's time budget choice and
+its test accuracy (from the run's manifest), the held-out accuracy export measured, and ``vmstat``'s
+runnable processes and CPU shares (user, system, idle, stolen) over each stage.
 """
 
 import argparse
-import datetime
 import json
 import os
 import shutil
 import signal
-import statistics
 import subprocess
-import sys
 import tempfile
 import threading
 import time
 import urllib.request
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-ROOT = os.path.dirname(HERE)
-sys.path.insert(0, HERE)
+from bench import record
+from bench.training.vmstat import Vmstat, load
 
-from emit import emit  # noqa: E402  (bench/ is not a package)
-
+ROOT = record.ROOT
 STAGES = ("train", "export", "serve")
-
-
-def cpu_kind():
-    """``(lscpu's model name, the kind)``: "AVX-512 BF16 + AMX", "AVX-512", "AVX2" or "other"."""
-    try:
-        lines = subprocess.run(["lscpu"], capture_output=True, text=True, check=True).stdout.splitlines()
-    except (OSError, subprocess.CalledProcessError):
-        return None, "unknown"
-    fields = {key.strip(): value.strip() for key, _, value in (line.partition(":") for line in lines)}
-    flags = set(fields.get("Flags", "").split())
-    if {"avx512_bf16", "amx_bf16"} <= flags:
-        kind = "AVX-512 BF16 + AMX"
-    elif "avx512f" in flags:
-        kind = "AVX-512"
-    elif "avx2" in flags:
-        kind = "AVX2"
-    else:
-        kind = "other"
-    return fields.get("Model name"), kind
-
-
-def commit():
-    try:
-        head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True, check=True)
-        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=ROOT, capture_output=True,
-                               text=True, check=True).stdout.strip()
-    except (OSError, subprocess.CalledProcessError):
-        return None
-    return head.stdout.strip() + ("-dirty" if dirty else "")
-
-
-class Vmstat:
-    """``vmstat -n 5`` in the background: (monotonic time, r, us, sy, id, st) every 5 s."""
-
-    def __init__(self, every=5):
-        self.rows = []
-        self.process = subprocess.Popen(["vmstat", "-n", str(every)], stdout=subprocess.PIPE, text=True)
-        self.thread = threading.Thread(target=self._read, daemon=True)
-        self.thread.start()
-
-    def _read(self):
-        header = None
-        for line in self.process.stdout:
-            parts = line.split()
-            if "us" in parts:
-                header = parts
-                continue
-            if header and len(parts) == len(header) and parts[0].isdigit():
-                row = dict(zip(header, map(int, parts)))
-                self.rows.append((time.monotonic(), *(row[k] for k in ("r", "us", "sy", "id", "st"))))
-
-    def stop(self):
-        self.process.terminate()
-        self.process.wait()
-
-    def summary(self, start, end):
-        """Median, mean and largest of r (runnable processes) and the shares us, sy, id, st between ``start`` and ``end``."""
-        rows = [r for r in self.rows if start < r[0] <= end]
-        if not rows:
-            return None
-        out = {"samples": len(rows)}
-        for i, name in enumerate(("r", "us", "sy", "id", "st"), start=1):
-            values = [r[i] for r in rows]
-            out[name] = {"median": statistics.median(values), "max": max(values), "mean": round(statistics.mean(values), 1)}
-        return out
 
 
 def ready(port):
@@ -161,8 +92,10 @@ def main(argv=None):
     p.add_argument("--port", type=int, default=8765)
     p.add_argument("--timeout", type=float, default=3600, help="seconds before the job is stopped as failed")
     p.add_argument("--env", action="append", default=[], metavar="NAME=VALUE",
-                   help="more of main.sh's variables (TIME_BUDGET=480, EPOCHS=10, TRAIN_ARGS=...), repeatable")
-    p.add_argument("--json", help="also write the record here")
+                   help="more of main.sh's variables (TIME_BUDGET=0, EPOCHS=10, TRAIN_ARGS=...), repeatable")
+    p.add_argument("--load", help="how shared the machine was, in words, e.g. \"shared: other work ran beside it\" "
+                   "(default: the 1-minute load average as it started); vmstat's median r is added")
+    p.add_argument("--json", help="write the record here (bench/records/training-main-job-NAME.json)")
     args = p.parse_args(argv)
 
     work = args.work or tempfile.mkdtemp(prefix="main-job-")
@@ -170,11 +103,11 @@ def main(argv=None):
     env = {**os.environ, "INSTALL": "0", "VENV": os.path.abspath(args.venv), "CIFAR_DATA": os.path.abspath(args.data),
            "RUN_DIR": os.path.join(work, "run"), "MODELS_DIR": os.path.join(work, "models"), "PORT": str(args.port),
            **extra}
-    model_name, kind = cpu_kind()
+    machine = record.machine()
+    words = args.load or f"1-minute load average {machine['load']} as it started"
     vmstat = Vmstat()
-    started = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
     try:
-        marks, lines = run_job(env, args.port, args.timeout, log=lambda line: print(line, flush=True))
+        marks, _ = run_job(env, args.port, args.timeout, log=lambda line: print(line, flush=True))
     finally:
         vmstat.stop()
     with open(os.path.join(work, "run", "manifest.json")) as f:
@@ -185,24 +118,20 @@ def main(argv=None):
         published = json.load(f)
     spans = {"train": ("start", "export"), "export": ("export", "serve"), "serve_until_ready": ("serve", "ready"),
              "whole": ("start", "ready")}
-    record = {
-        "command": "python bench/main_job.py " + " ".join(sys.argv[1:] if argv is None else argv),
-        "machine": {"cpu_kind": kind, "model_name": model_name, "cpus": os.cpu_count()},
-        "commit": commit(),
-        "date": started,
-        "job_env": {k: v for k, v in extra.items()},
+    shares = {name: vmstat.summary(marks[a], marks[b]) for name, (a, b) in spans.items()}
+    figures = {
+        "job_env": extra,
         "seconds": {name: round(marks[b] - marks[a], 1) for name, (a, b) in spans.items()},
-        "vmstat": {name: vmstat.summary(marks[a], marks[b]) for name, (a, b) in spans.items()},
+        "vmstat": shares,
         "training": {"budget": manifest["training"]["budget"], "epochs": manifest["training"]["recipe"]["epochs"],
                      "wall_time_s": manifest["training"]["wall_time_s"]},
         "test_accuracy": manifest["metrics"]["test_accuracy"],
         "test_images": manifest["metrics"]["test_images"],
         "heldout_accuracy": (published.get("confidence") or {}).get("held_out", {}).get("accuracy"),
-        "log": lines,
     }
     if not args.work:
         shutil.rmtree(work, ignore_errors=True)
-    emit(record, args.json)
+    record.write(args.json, figures, __spec__.name, argv, machine={**machine, "load": load(words, shares["whole"])})
 
 
 if __name__ == "__main__":

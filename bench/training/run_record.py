@@ -6,61 +6,33 @@ Typical usage::
     python -m train --model airbench_muon --data ../shared/data/cifar10-png.zip --holdout 5000 --seed 0 \\
         --validation-freq 0 --output runs/X
     python -m export --run runs/X --model-dir models/X --model-name cifar10
-    python bench/run_record.py --run runs/X --version-dir models/X/cifar10/1 --vmstat runs/X.vmstat \\
-        --command "python -m train ..." --commit abc1234 --json bench/records/train-X.json
+    python -m bench.training.run_record --run runs/X --version-dir models/X/cifar10/1 --vmstat runs/X.vmstat \\
+        --command "python -m train ..." --load "quiet: nothing else ran" --json bench/records/training-X.json
 
 Reads the run's manifest (the recipe as trained, the time budget's choice, the trainer's wall time,
 the test accuracy on the test split it was given, with its 95% Wilson interval), the published
 version's manifest when given (the held-out accuracy export measured; ``--heldout`` measures it here
-for a run not exported), and ``vmstat -t`` lines
-when given: the runnable processes and the CPU shares (user, system, idle, stolen) over the trainer's wall time, the window that
-ends at the manifest's ``created`` (UTC, as ``vmstat -t`` stamps when TZ is UTC).
+for a run not exported), and ``vmstat -t`` lines when given: the runnable processes and the CPU shares
+(user, system, idle, stolen) over the trainer's wall time, the window that ends at the manifest's
+``created`` (UTC, as ``vmstat -t`` stamps when TZ is UTC). The record is ``bench.record``'s with the
+training's command and commit, the day it finished, and ``--load``'s words with ``vmstat``'s median of
+runnable processes as the machine's load.
 """
 
 import argparse
 import datetime
 import json
 import os
-import statistics
-import sys
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, HERE)
-
-from accuracy_of_record import wilson  # noqa: E402  (bench/ is not a package)
-from emit import emit  # noqa: E402
-from main_job import cpu_kind  # noqa: E402
-
-
-def vmstat_shares(path, start, end):
-    """Median, mean and largest of r, us, sy, id and st over ``vmstat -t`` lines stamped between ``start`` and ``end`` (UTC)."""
-    header, rows = None, []
-    with open(path) as f:
-        for line in f:
-            parts = line.split()
-            if "us" in parts and "st" in parts:
-                header = [part for part in parts if part != "UTC"]  # -t's stamp column
-                continue
-            if not header or len(parts) < len(header) + 2 or not parts[0].isdigit():
-                continue
-            stamp = datetime.datetime.fromisoformat(" ".join(parts[-2:])).replace(tzinfo=datetime.timezone.utc)
-            if start <= stamp <= end:
-                rows.append(dict(zip(header, map(int, parts[:len(header)]))))
-    if not rows:
-        return None
-    out = {"samples": len(rows), "every_s": 5}
-    # r: processes runnable; above the CPU count, other work was competing for them (which us cannot show).
-    for name in ("r", "us", "sy", "id", "st"):
-        values = [row[name] for row in rows]
-        out[name] = {"median": statistics.median(values), "mean": round(statistics.mean(values), 1), "max": max(values)}
-    return out
+from bench import record
+from bench.accuracy.of_record import wilson
+from bench.training import vmstat
 
 
 def heldout_accuracy(run, manifest):
     """``(accuracy, images)`` of the run's model, rebuilt from its weights (float32, as exported), on its held-out images."""
     import numpy as np
 
-    sys.path.insert(0, os.path.dirname(HERE))
     from train import hardware
 
     hardware.prepare_environment("tensorflow")
@@ -83,20 +55,17 @@ def main(argv=None):
                         "exported; export measures the same figure, the top class of the served model)")
     p.add_argument("--vmstat", help="vmstat -t lines logged beside the run (UTC stamps)")
     p.add_argument("--command", required=True, help="the exact command line that trained the run")
-    p.add_argument("--commit", required=True, help="the git commit of the code that trained it")
-    p.add_argument("--json", help="also write the record here")
+    p.add_argument("--commit", help="the git commit of the code that trained it (default: this checkout's)")
+    p.add_argument("--load", help="how shared the machine was, in words, e.g. \"shared: other work ran beside it\" "
+                   "(default: the 1-minute load average as this records it); vmstat's median r is added")
+    p.add_argument("--json", help="write the record here (bench/records/training-NAME.json)")
     args = p.parse_args(argv)
 
     with open(os.path.join(args.run, "manifest.json")) as f:
         manifest = json.load(f)
     training, metrics = manifest["training"], manifest["metrics"]
     correct = round(metrics["test_accuracy"] * metrics["test_images"])
-    model_name, kind = cpu_kind()
-    record = {
-        "command": args.command,
-        "machine": {"cpu_kind": kind, "model_name": model_name, "cpus": os.cpu_count()},
-        "commit": args.commit,
-        "date": manifest["created"],
+    figures = {
         "model": manifest["model"]["name"],
         "seed": training["seed"],
         "recipe": training["recipe"],
@@ -109,18 +78,21 @@ def main(argv=None):
         "budget": training.get("budget"),
     }
     if args.heldout:
-        record["heldout_accuracy"], record["heldout_images"] = heldout_accuracy(args.run, manifest)
+        figures["heldout_accuracy"], figures["heldout_images"] = heldout_accuracy(args.run, manifest)
     if args.version_dir:
         with open(os.path.join(args.version_dir, "assets.extra", "manifest.json")) as f:
             published = json.load(f)
         held = (published.get("confidence") or {}).get("held_out") or {}
-        record["heldout_accuracy"] = held.get("accuracy")
-        record["heldout_images"] = (published.get("holdout") or {}).get("images")
-        record["int8_published"] = published["export"]["litert"]["runtimes"].get("litert-int8", {}).get("published")
+        figures["heldout_accuracy"] = held.get("accuracy")
+        figures["heldout_images"] = (published.get("holdout") or {}).get("images")
+        figures["int8_published"] = published["export"]["litert"]["runtimes"].get("litert-int8", {}).get("published")
+    ended = datetime.datetime.fromisoformat(manifest["created"])
     if args.vmstat:
-        ended = datetime.datetime.fromisoformat(manifest["created"])
-        record["vmstat"] = vmstat_shares(args.vmstat, ended - datetime.timedelta(seconds=training["wall_time_s"]), ended)
-    emit(record, args.json)
+        figures["vmstat"] = vmstat.logged(args.vmstat, ended - datetime.timedelta(seconds=training["wall_time_s"]), ended)
+    machine = record.machine()
+    words = args.load or f"1-minute load average {machine['load']} as this recorded it"
+    record.write(args.json, figures, __spec__.name, argv, command=args.command, commit=args.commit or record.commit(),
+                 date=ended.date().isoformat(), machine={**machine, "load": vmstat.load(words, figures.get("vmstat"))})
 
 
 if __name__ == "__main__":
