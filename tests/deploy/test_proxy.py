@@ -175,3 +175,17 @@ def test_health_routes_pass_through(stack):
         status, headers, text = request(port, "GET", path)
         assert status == 200, (path, text[:200])
         assert "X-Request-Id" in headers
+
+
+def test_a_server_that_does_not_answer_is_a_503_in_json(tmp_path):
+    # nginx alone, in front of a port nothing listens on: its own refusal, 503 with Retry-After, as the server's.
+    port = free_port()
+    with open(tmp_path / "nginx-access.log", "wb") as out, open(tmp_path / "nginx-error.log", "wb") as err:
+        nginx = proxy.start(port, free_port(), stdout=out, stderr=err)
+    try:
+        status, headers, text = request(port, "POST", PREDICT, predict_body(), {"Content-Type": "application/json",
+                                                                                "X-Request-Id": "down-1"})
+    finally:
+        proxy.stop(nginx)
+    assert status == 503 and headers["Retry-After"] == "1" and headers["X-Request-Id"] == "down-1"
+    assert json.loads(text) == {"error": "the model server is not answering", "request_id": "down-1"}

@@ -24,13 +24,15 @@ def free_port():
         return s.getsockname()[1]
 
 
-def start_server(model_dir, extra_env=None, args=(), stdout=None, stderr=None):
+def start_server(model_dir, extra_env=None, args=(), stdout=None, stderr=None, port=None, start_new_session=False):
     """Start ``python -m serve`` on a free port; return (process, base_url) once /readyz answers 200.
 
     ``stdout``, ``stderr``: where the server's output goes (a file; default: the tests' own). Its logs,
-    ``serve.access`` included, are on stderr.
+    ``serve.access`` included, are on stderr. ``port``: this one rather than a free one (a replica
+    restarted where it was). ``start_new_session``: gunicorn's master and workers in a process group
+    of their own, which ``os.killpg`` ends at once.
     """
-    port = free_port()
+    port = port or free_port()
     # No gRPC unless a test asks for it (--grpc-port): servers of parallel tests would share port 8500.
     env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2", "GRPC_PORT": "0", **(extra_env or {})}
     process = subprocess.Popen(
@@ -38,6 +40,7 @@ def start_server(model_dir, extra_env=None, args=(), stdout=None, stderr=None):
         env=env,
         stdout=stdout,
         stderr=stderr,
+        start_new_session=start_new_session,
         cwd=os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))),
     )
     url = f"http://127.0.0.1:{port}"

@@ -1,7 +1,7 @@
 """The image's proxy mode: nginx with deploy/nginx/nginx.conf, read and started as the image starts it.
 
-Shared by tests/deploy/test_proxy.py (a real nginx in front of a live gunicorn), test_k8s.py and
-test_deploy.py (the manifests and compose.yaml run the same command).
+Shared by tests/deploy/test_proxy.py (a real nginx in front of a live gunicorn), test_replicas.py (in
+front of two), test_k8s.py and test_deploy.py (the manifests and compose.yaml run the same command).
 """
 
 import re
@@ -34,11 +34,25 @@ def listen_port(text=None):
     return int(port)
 
 
-def upstream(text=None):
-    """(host, port) that ``proxy_pass`` sends requests to."""
+def upstream_servers(text=None):
+    """The ``server`` lines of the ``upstream`` that ``proxy_pass`` names: [(host, port, parameters)], in order."""
+    text = CONFIG.read_text() if text is None else text
     (target,) = directives("proxy_pass", text)
-    host, _, port = target.removeprefix("http://").rstrip("/").rpartition(":")
-    return host, int(port)
+    name = target.removeprefix("http://").rstrip("/")
+    block = re.search(rf"^\s*upstream\s+{re.escape(name)}\s*{{(.*?)^\s*}}", text, re.MULTILINE | re.DOTALL)
+    assert block, f"proxy_pass names {name!r}, and no upstream block of that name is in the config"
+    servers = []
+    for value in directives("server", block.group(1)):
+        address, _, parameters = value.partition(" ")
+        host, _, port = address.rpartition(":")
+        servers.append((host, int(port), parameters.strip()))
+    return servers
+
+
+def upstream(text=None):
+    """(host, port) of the one server that requests go to: the shipped config's, gunicorn beside nginx."""
+    ((host, port, _),) = upstream_servers(text)
+    return host, port
 
 
 def size_bytes(value):
@@ -55,14 +69,19 @@ def nginx_binary():
 def start(port, upstream_port, stdout=None, stderr=None):
     """nginx with the repository's config, listening on ``port`` in front of 127.0.0.1:``upstream_port``.
 
-    Only the two ports change: the paths stay as they are, relative to ``-p``, a new folder (the
+    ``upstream_port``: a port, or a list of them for replicas: the upstream's one ``server`` line
+    becomes one a port, each with the shipped line's parameters, as docs/deploy.md writes them.
+    Only the ports change: the paths stay as they are, relative to ``-p``, a new folder (the
     image gives ``/tmp/``) that :func:`stop` removes. Returns the process once nginx answers on its port.
     """
     text = CONFIG.read_text()
-    listen, (host, default_upstream) = f"listen {listen_port(text)};", upstream(text)
-    target = f"http://{host}:{default_upstream};"
-    assert text.count(listen) == 1 and text.count(target) == 1 and host == "127.0.0.1"
-    moved = text.replace(listen, f"listen 127.0.0.1:{port};").replace(target, f"http://127.0.0.1:{upstream_port};")
+    ports = [upstream_port] if isinstance(upstream_port, int) else list(upstream_port)
+    listen, ((host, default_upstream, parameters),) = f"listen {listen_port(text)};", upstream_servers(text)
+    server = f"server {host}:{default_upstream} {parameters};"
+    assert text.count(listen) == 1 and text.count(server) == 1 and host == "127.0.0.1"
+    indent = re.search(rf"^([ \t]*){re.escape(server)}", text, re.MULTILINE).group(1)
+    servers = f"\n{indent}".join(f"server 127.0.0.1:{p} {parameters};" for p in ports)
+    moved = text.replace(listen, f"listen 127.0.0.1:{port};").replace(server, servers)
     # Started as root (as tests may be), nginx runs its workers as nobody, who must reach the
     # folders it makes for them here: a folder of its own, readable on the way, as /tmp/ is.
     prefix = Path(tempfile.mkdtemp(prefix="serve-nginx-"))
