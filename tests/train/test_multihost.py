@@ -26,6 +26,7 @@ ADDRESSES = ("10.59.0.1", "10.59.0.2")
 PORT = 12345
 REFUSAL_BOUND_S = 60  # import and start-up on a loaded 2-core machine; the refusal itself is immediate
 DEADLINE_S = 600
+LOST_BOUND_S = 180  # JAX's heartbeat timeout (100 s) and its shutdown, with room
 
 
 def _ip(*args):
@@ -80,13 +81,13 @@ def resolve_host_name(namespace, address):
             f.write(f"127.0.0.1 localhost\n{address} {socket.gethostname()}\n")
 
 
-def start(namespace, process, output, sums, data, epochs=1, **extra):
+def start(namespace, process, output, sums, data, epochs=1, stop_after=0, **extra):
     env = {k: v for k, v in os.environ.items()
            if k not in ("KERAS_BACKEND", "JAX_PLATFORMS") and "proxy" not in k.lower()}  # gRPC honours proxies
     env.update(TF_CPP_MIN_LOG_LEVEL="3", PYTHONPATH=REPO, XLA_FLAGS="--xla_force_host_platform_device_count=1",
                KERAS_DISTRIBUTION_JOB_ADDRESSES=",".join(f"{a}:{PORT}" for a in ADDRESSES),
                KERAS_DISTRIBUTION_NUM_PROCESSES="2", KERAS_DISTRIBUTION_PROCESS_ID=str(process), **extra)
-    command = ["ip", "netns", "exec", namespace, sys.executable, WORKER, str(sums), "0", *FLAGS,
+    command = ["ip", "netns", "exec", namespace, sys.executable, WORKER, str(sums), str(stop_after), *FLAGS,
                "--data", str(data), "--output", str(output), "--epochs", str(epochs), "--batch-size", "8"]
     with open(f"{output}.process-{process}.log", "a") as log:
         return subprocess.Popen(command, cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT)
@@ -148,3 +149,21 @@ def test_an_unreachable_coordinator_is_one_line_naming_it_within_the_join_timeou
     assert code == 2 and len(errors) == 1, log
     assert f"could not reach the coordinator (process 0) at {ADDRESSES[0]}:{PORT} within 5 s" in errors[0], log
     assert "Traceback" not in log and took < REFUSAL_BOUND_S
+
+
+def test_when_a_host_is_lost_mid_run_the_other_exits_non_zero_within_a_bound(namespaces, data, tmp_path):
+    """Process 1 dies as a kill would after its first epoch; process 0 must not hang in a collective."""
+    for name, address in zip(namespaces, ADDRESSES):
+        resolve_host_name(name, address)
+    output, sums = tmp_path / "run", tmp_path / "digests"
+    survivor = start(namespaces[0], 0, output, sums, data, epochs=3)
+    lost = start(namespaces[1], 1, output, sums, data, epochs=3, stop_after=1)
+    assert lost.wait(timeout=DEADLINE_S) == 3, log_tail(output, 1)
+    died = time.monotonic()
+    code = survivor.wait(timeout=LOST_BOUND_S)
+    print(f"survivor exited {code} {time.monotonic() - died:.1f} s after the loss")
+    # Not one line yet: JAX's coordination service aborts the process (SIGABRT, a native stack trace) once
+    # the lost process's heartbeat times out; its message names the lost process.
+    assert code != 0 and "Task 1 heartbeat timeout" in log_tail(output, 0)
+    assert not (output / MANIFEST_FILE).exists()
+    assert (output / "backup" / "latest.weights.h5").exists()  # what a restart of both resumes from
