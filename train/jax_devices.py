@@ -12,11 +12,16 @@ the input pipelines cut it, and Keras's own re-batching of the dataset is switch
 re-batched dataset has no known length, so Keras kept one iterator across epochs and every
 second epoch found it empty, which under JAX left the model's variables purged). Process 0
 alone writes the run and its backup, which every process resumes from (:class:`ChiefBackup`).
-CPU collectives between processes go through gloo.
+CPU collectives between processes go through gloo, at the address this host is reached at
+(:func:`join`): ``CIFAR_HOST_ADDRESS`` where the launcher passes one (a pod's IP), else the local
+address of the route to the coordinator, never what the host's name happens to resolve to.
 """
 
 import contextlib
+import ipaddress
 import os
+import socket
+import time
 
 import jax
 import keras
@@ -25,6 +30,8 @@ import numpy as np
 from train.hardware import AcceleratorError, Placement, installed
 
 MULTI_PROCESS_VARIABLES = ("KERAS_DISTRIBUTION_JOB_ADDRESSES", "KERAS_DISTRIBUTION_NUM_PROCESSES")
+ADDRESS_VARIABLE = "CIFAR_HOST_ADDRESS"  # this host's address for the collectives (a pod's status.podIP)
+JOIN_TIMEOUT_VARIABLE = "CIFAR_JOIN_TIMEOUT_S"  # how long to wait for the coordinator (default 300 s, JAX's)
 
 
 def placement(tpu="auto"):
@@ -38,7 +45,10 @@ def placement(tpu="auto"):
             # Collectives between processes' CPU devices (Keras's seed agreement, and CPU training):
             # gloo over TCP, the default of the JAX this is tested with (0.10); set where a JAX has none.
             jax.config.update("jax_cpu_collectives_implementation", "gloo")
-        keras.distribution.initialize()
+        if os.environ.get("KERAS_DISTRIBUTION_JOB_ADDRESSES"):
+            join()
+        else:  # no addresses: JAX finds the cluster itself (a Cloud TPU pod)
+            keras.distribution.initialize()
     devices = jax.devices()
     platform = devices[0].platform  # "tpu", "gpu" or "cpu"
     if tpu not in ("auto", "none") and platform != "tpu":
@@ -66,6 +76,107 @@ def placement(tpu="auto"):
         host=on_host,
         note=note,
     )
+
+
+def join():
+    """``keras.distribution.initialize()`` from the same variables, with gloo at this host's address.
+
+    Refused in one line (:class:`AcceleratorError`): an address that is loopback while another
+    process is on another host, and a coordinator not reached within ``CIFAR_JOIN_TIMEOUT_S``
+    (JAX itself would abort the process with a stack trace).
+    """
+    from keras.src.backend.jax import distribution_lib
+
+    addresses = [a.strip() for a in os.environ["KERAS_DISTRIBUTION_JOB_ADDRESSES"].split(",") if a.strip()]
+    count = int(os.environ.get("KERAS_DISTRIBUTION_NUM_PROCESSES") or len(addresses))
+    process = int(os.environ.get("KERAS_DISTRIBUTION_PROCESS_ID", "0"))
+    if len(addresses) > 1 and len(addresses) != count:
+        raise AcceleratorError(f"KERAS_DISTRIBUTION_JOB_ADDRESSES names {len(addresses)} processes, "
+                               f"KERAS_DISTRIBUTION_NUM_PROCESSES {count}")
+    timeout = int(os.environ.get(JOIN_TIMEOUT_VARIABLE) or 300)
+    coordinator = addresses[0]
+    host, port = _split(coordinator)
+    deadline = time.monotonic() + timeout
+    unreached = AcceleratorError(
+        f"process {process} could not reach the coordinator (process 0) at {coordinator} within {timeout} s "
+        f"({JOIN_TIMEOUT_VARIABLE}); is process 0 running, and is that address reachable from this host?")
+    target = _reach(host, port, deadline, probe=False)
+    if target is None:
+        raise unreached
+    address = os.environ.get(ADDRESS_VARIABLE) or _route_address(target)
+    source = ADDRESS_VARIABLE if os.environ.get(ADDRESS_VARIABLE) else "the route to the coordinator"
+    if _loopback(address):
+        remote = [a for a in addresses if _loopback(_split(a)[0]) is False]
+        if remote:
+            raise AcceleratorError(
+                f"process {process}'s collectives would listen on loopback {address} (from {source}) while "
+                f"process {addresses.index(remote[0])} is at {remote[0]}; set {ADDRESS_VARIABLE} to this "
+                "host's address the others reach (in Kubernetes, the pod IP: status.podIP)")
+    if process != 0 and _reach(host, port, deadline, probe=True) is None:
+        raise unreached
+    jax.distributed.initialize(coordinator_address=coordinator, num_processes=count, process_id=process,
+                               initialization_timeout=timeout)
+    _gloo_at(address)
+    distribution_lib.initialize_rng()  # what keras.distribution.initialize() does after joining
+
+
+def _split(address):
+    host, _, port = address.rpartition(":")
+    return host.strip("[]"), int(port)
+
+
+def _loopback(host):
+    """True or False for what ``host`` resolves to; None when it does not resolve (yet)."""
+    try:
+        infos = socket.getaddrinfo(host, None)
+    except OSError:
+        return None
+    return all(ipaddress.ip_address(info[4][0].split("%")[0]).is_loopback for info in infos)
+
+
+def _reach(host, port, deadline, probe):
+    """The coordinator's socket address, once it resolves (and, with ``probe``, accepts a connection)."""
+    while True:
+        try:
+            family, kind, protocol, _, target = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0]
+            if not probe:
+                return target
+            with socket.socket(family, kind, protocol) as s:
+                s.settimeout(max(0.1, min(5.0, deadline - time.monotonic())))
+                s.connect(target)
+                return target
+        except OSError:
+            if time.monotonic() >= deadline:
+                return None
+            time.sleep(1)
+
+
+def _route_address(target):
+    """The local address the kernel would send from to reach ``target`` (a UDP connect sends nothing)."""
+    family = socket.AF_INET6 if ":" in target[0] else socket.AF_INET
+    with socket.socket(family, socket.SOCK_DGRAM) as s:
+        s.connect(target)
+        return s.getsockname()[0]
+
+
+def _gloo_at(address):
+    """Make JAX's CPU client build gloo's collectives on ``address``; its default is the host name's address.
+
+    JAX 0.10 offers no setting for it, so the CPU backend's factory is replaced by one that passes
+    ``hostname`` to jaxlib's ``make_gloo_tcp_collectives`` (before any backend exists).
+    """
+    from jax._src import distributed, xla_bridge
+    from jax._src.lib import _jax
+
+    if jax.config.jax_cpu_collectives_implementation != "gloo":
+        return
+
+    def cpu_client():
+        collectives = _jax.make_gloo_tcp_collectives(distributed_client=distributed.global_state.client,
+                                                     hostname=address)
+        return xla_bridge.make_cpu_client(collectives=collectives)
+
+    xla_bridge.register_backend_factory("cpu", cpu_client, priority=0, fail_quietly=False)
 
 
 def shard():

@@ -415,7 +415,8 @@ def test_tfserving_readiness_waits_for_an_available_model(rendered, state, ready
 def pod_env(c, index):
     """The container's environment as Kubernetes sets it in the pod with completion index ``index``.
 
-    ``valueFrom.fieldRef`` on the index annotation gives the index; ``$(NAME)`` in a value is
+    ``valueFrom.fieldRef`` on the index annotation gives the index, on ``status.podIP`` an address
+    10.59.1.(index + 1); ``$(NAME)`` in a value is
     replaced by an earlier variable's value, ``$$`` by ``$``, and an unknown reference stays as is.
     """
     env = {}
@@ -428,6 +429,9 @@ def pod_env(c, index):
             )
         else:
             path = item["valueFrom"]["fieldRef"]["fieldPath"]
+            if path == "status.podIP":  # the pod's own address (CIFAR_HOST_ADDRESS)
+                env[item["name"]] = f"10.59.1.{index + 1}"
+                continue
             assert path == f"metadata.annotations['{INDEX_ANNOTATION}']", path
             env[item["name"]] = str(index)
     return env
@@ -560,6 +564,16 @@ def test_jax_processes_join_through_process_zero(rendered, target, monkeypatch):
     assert calls == [{"coordinator_address": expected_address(job, service, 0, port), "num_processes": count, "process_id": i}
                      for i in range(count)]
     assert port in {p["containerPort"] for p in c["ports"]} and port in {p["port"] for p in service["spec"]["ports"]}
+
+
+def test_the_cpu_jax_job_passes_each_pod_its_own_address_for_the_collectives(rendered):
+    """gloo listens at the pod's IP, not what the pod's name resolves to (train/jax_devices.py, issue 59)."""
+    from train import jax_devices
+
+    c = container(training_job(rendered, "training/jax"), "train")
+    field = next(item["valueFrom"]["fieldRef"]["fieldPath"] for item in c["env"]
+                 if item["name"] == jax_devices.ADDRESS_VARIABLE)
+    assert field == "status.podIP"
 
 
 @pytest.mark.parametrize("target", MULTI_PROCESS)
