@@ -17,9 +17,8 @@ import uuid
 
 import pytest
 
-from test_multiprocess import FLAGS, REPO, WORKER, digests, log_tail
-
 import synthetic
+from multiprocess_run import FLAGS, REPO, WORKER, digests, finish, log_tail
 from contract import MANIFEST_FILE
 
 ADDRESSES = ("10.59.0.1", "10.59.0.2")
@@ -91,17 +90,6 @@ def start(namespace, process, output, sums, data, epochs=1, stop_after=0, **extr
                "--data", str(data), "--output", str(output), "--epochs", str(epochs), "--batch-size", "8"]
     with open(f"{output}.process-{process}.log", "a") as log:
         return subprocess.Popen(command, cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT)
-
-
-def finish(procs, output):
-    for i, proc in enumerate(procs):
-        try:
-            code = proc.wait(timeout=DEADLINE_S)
-        except subprocess.TimeoutExpired:
-            for p in procs:
-                p.kill()
-            raise
-        assert code == 0, f"process {i} exited {code}:\n" + log_tail(output, i)
 
 
 @pytest.mark.parametrize("resolution", ["own-address", "loopback"])
