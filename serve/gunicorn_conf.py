@@ -15,6 +15,8 @@ import shutil
 import sys
 import tempfile
 
+from gunicorn.http import wsgi
+
 from serve import settings
 
 try:
@@ -73,8 +75,44 @@ def post_worker_init(worker):
     from gunicorn import util
 
     util.write_error = _write_json_error
+    wsgi.Response = OneSendResponse  # what wsgi.create builds for every HTTP/1 request
     if _settings.grpc_port:
         _start_grpc(worker)
+
+
+class OneSendResponse(wsgi.Response):
+    """gunicorn's answer with its head sent in the same ``sendall`` as its body's first bytes.
+
+    gunicorn sends an answer's status line and headers, then its body, in two sends. A worker killed
+    between them (SIGKILL, an OOM kill, a lost node) leaves nginx holding a head it has already passed
+    to the client: it cannot resend the request to another replica, and the client gets a broken
+    answer (tests/deploy/test_replicas.py met it). Sent whole, an answer that fits the socket's buffer
+    is lost whole (nginx resends the request) or not at all. The head is held from ``send_headers``
+    (which ``write`` calls first) until the first body bytes or ``close``."""
+
+    head = None
+
+    def send_headers(self):
+        if not self.headers_sent:
+            lines = self.default_headers() + [f"{name}: {value}\r\n" for name, value in self.headers]
+            self.head = ("".join(lines) + "\r\n").encode("latin-1")
+            self.headers_sent = True
+
+    def _emit_body(self, data):  # gunicorn's hook for how body bytes go on the wire
+        if self.chunked:
+            data = b"%X\r\n%s\r\n" % (len(data), data)
+        head, self.head = self.head or b"", None
+        self.sock.sendall(head + data)
+
+    def close(self):
+        self.send_headers()
+        if self.head:  # no body bytes came (HEAD, 204, 304, an empty body)
+            self.sock.sendall(self.head)
+            self.head = None
+        super().close()
+
+    def sendfile(self, respiter):
+        return False  # gunicorn's sendfile writes the head itself: the file goes through write() instead
 
 
 def _start_grpc(worker):
