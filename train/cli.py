@@ -12,7 +12,7 @@ import sys
 import tarfile
 import zipfile
 
-from contract.arguments import add_renamed, non_negative_int, positive_int
+from contract.arguments import add_renamed, non_negative_int, positive_float, positive_int
 from contract.recipe import Recipe, problem
 from train import trainer
 
@@ -25,16 +25,6 @@ def _profile_steps(text):
     if not 0 < first <= last:
         raise argparse.ArgumentTypeError("expected 0 < A <= B")
     return first, last
-
-
-def _seconds(text):
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from None
-    if not value > 0:
-        raise argparse.ArgumentTypeError(f"must be more than 0 seconds, got {text}")
-    return value
 
 
 def recipe_value(field):
@@ -100,7 +90,7 @@ def build_parser():
                    help="keep N training images (a fixed seeded choice) out of training, for export to calibrate "
                         "the probabilities and choose the out-of-distribution threshold on (default: none; "
                         "5000 is a tenth of CIFAR-10)")
-    p.add_argument("--time-budget", type=_seconds, metavar="SECONDS",
+    p.add_argument("--time-budget", type=positive_float, metavar="SECONDS",
                    help="seconds for the whole run, from start to manifest: after timing its first steps it trains "
                         "the most epochs, up to the recipe's --epochs, predicted to fit, ends the learning-rate "
                         "schedule there, and says what it chose and why (recorded in the manifest; a resumed run "
