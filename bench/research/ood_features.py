@@ -8,7 +8,9 @@ Typical usage::
 The run must have a held-out slice (``python -m train --holdout N``). The scores
 (``bench/research/ood_scores.py``): the energy of the logits (what export serves), the Mahalanobis distance,
 KNN on L2-normalised features against banks of the run's training images (the held-out slice never
-in them), ViM, and KNN fused with the energy. Their parameters (KNN's k, ViM's subspace) are chosen on
+in them), ViM, and KNN fused with the energy; and the post-hoc scores: the energy at other temperatures,
+GEN, ReAct, SCALE, ASH-P/S/B and fDBD, each timed on one image. Their parameters (KNN's k, ViM's
+subspace, GEN's gamma and M, the percentiles of ReAct, SCALE and ASH) are chosen on
 the held-out slice against a second draw of ``bench/confidence/ood_sets.py`` (another seed); the fusion is
 standardised on the held-out slice. Then every score is measured as ``bench/confidence/ood.py`` measures the
 energy: the zip's test images against every set of ``bench/confidence/ood_sets.py`` at its own seed, AUROC and
@@ -36,6 +38,10 @@ from bench.research import ood_scores as scores
 
 K_CANDIDATES = (1, 2, 5, 10, 20, 50, 100, 200)  # KNN's k: Sun et al. use 50 on all 50,000 CIFAR-10 images
 VIM_FRACTIONS = (1 / 16, 1 / 8, 1 / 4, 1 / 2, 3 / 4)  # ViM's principal subspace, as a share of the features
+TEMPERATURES = (0.5, 0.75, 2.0, 5.0)  # the energy's, each reported (1 is the served energy)
+GEN_GRID = [(g, m) for g in (0.01, 0.1, 0.5) for m in (3, 5, 10)]  # (gamma, M): Liu et al. use 0.1 and 10 on CIFAR-10
+REACT_PERCENTILES = (80, 85, 90, 95, 99)  # of every training activation: Sun et al. use 90
+SHAPING_PERCENTILES = (50, 65, 80, 90, 95)  # of each image's own activations: ASH uses 65 and 90 on CIFAR-10
 BANK_SEED = 0  # orders the training images so each smaller bank is a part of the larger ones
 SELECTION_SEED = ood_sets.SEED + 1  # the foreign images parameters are chosen on: not the reported ones
 
@@ -157,15 +163,59 @@ def build_scores(f, banks, labels, num_classes, selection_sets):
     made["vim"] = lambda g: vim(feature(g))
     chosen["vim"] = {"dim": best, "alpha": vim.alpha, "head_max_error": error,
                      "selection_mean_auroc": {d: a for d, (a, _) in tried.items()}}
+    return made, chosen, w, b
+
+
+def post_hoc_scores(f, w, b, selection_sets):
+    """As :func:`build_scores`, for the scores of the logits and of reshaped features through the head ``(w, b)``."""
+    feature, logit = (lambda g: f[g][0]), (lambda g: f[g][1])
+    made = {f"energy, T {t:g}": lambda g, t=t: scores.energy(logit(g), t) for t in TEMPERATURES}
+    chosen = {}
+
+    def pick(name, candidates):
+        """The candidate ``{parameter: score of features and logits}`` with the best mean selection AUROC."""
+        tried = {p: mean_auroc(lambda g, s=s: s(feature(g), logit(g)), "held_out", selection_sets) for p, s in candidates.items()}
+        best = max(tried, key=tried.get)
+        made[name] = lambda g, s=candidates[best]: s(feature(g), logit(g))
+        chosen[name] = {"parameter": best, "selection_mean_auroc": {str(p): a for p, a in tried.items()}}
+
+    pick("gen", {(gamma, m): lambda x, z, gamma=gamma, m=m: scores.gen(z, gamma, m) for gamma, m in GEN_GRID})
+    react = {p: scores.ReAct(feature("bank"), w, b, p) for p in REACT_PERCENTILES}
+    pick("react", {p: lambda x, z, r=r: r(x) for p, r in react.items()})
+    pick("scale", {p: lambda x, z, p=p: scores.energy(scores.scale(x, p) @ w + b) for p in SHAPING_PERCENTILES})
+    for variant in "psb":
+        pick(f"ash-{variant}", {p: lambda x, z, p=p, v=variant: scores.energy(scores.ash(x, p, v) @ w + b)
+                                for p in SHAPING_PERCENTILES})
+    fdbd = scores.FDBD(feature("bank"), w, b)
+    made["fdbd"] = lambda g: fdbd(feature(g))
     return made, chosen
 
 
+def cost(score, repeats=300):
+    """Median seconds for ``score`` (a function of a group name) to score the one image of the group ``"one"``."""
+    times = []
+    for _ in range(repeats):
+        started = time.perf_counter()
+        score("one")
+        times.append(time.perf_counter() - started)
+    return float(np.median(times))
+
+
 def measure(features, labels, num_classes, banks, sets, selection_sets):
-    """``{view: {"chosen": ..., "scores": {score: {set: detection}}}}``."""
+    """``{view: {"chosen": ..., "scores": {score: {set: detection}}, "seconds_per_image": {score: s}}}``.
+
+    The cost is of the energy and the post-hoc scores, each on one image's features and logits (KNN's
+    search is :func:`search_cost`'s).
+    """
     result = {}
     for view, f in features.items():
-        made, chosen = build_scores(f, banks, labels, num_classes, selection_sets)
-        result[view] = {"chosen": chosen, "scores": {}}
+        f = {**f, "one": tuple(a[:1] for a in f["test"])}  # what :func:`cost` times
+        made, chosen, w, b = build_scores(f, banks, labels, num_classes, selection_sets)
+        post_hoc, post_hoc_chosen = post_hoc_scores(f, w, b, selection_sets)
+        made.update(post_hoc)
+        chosen.update(post_hoc_chosen)
+        result[view] = {"chosen": chosen, "scores": {},
+                        "seconds_per_image": {n: cost(made[n]) for n in ["energy", *post_hoc]}}
         for name, score in made.items():
             inside = score("test")
             result[view]["scores"][name] = {s: detection(inside, score(f"report/{s}")) for s in sets}

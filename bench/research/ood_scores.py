@@ -11,6 +11,24 @@ direction of ``contract.confidence.score`` (the energy) and of ``bench/confidenc
 * :class:`ViM` (Wang et al., 2022): a virtual logit, the norm of the feature's part outside the
   training features' principal subspace scaled to the logits, against the logits' logsumexp.
 * :class:`Fusion`: scores standardised by their mean and spread on the held-out slice, added.
+
+Post-hoc scores of the logits, or of features reshaped and passed through the model's own linear head
+(:func:`affine_head`), none of them trained:
+
+* :func:`energy` at a temperature T (Liu et al., 2020): ``-T logsumexp(logits / T)``; T = 1 is what is served.
+* :func:`gen` (Liu et al., 2023, "GEN: Pushing the Limits of Softmax-Based Out-of-Distribution
+  Detection"): the generalized entropy ``sum p^g (1 - p)^g`` of the top ``m`` softmax probabilities.
+* :class:`ReAct` (Sun et al., 2021): the energy of the logits of the features clipped at a percentile of
+  the training features' activations.
+* :func:`scale` (Xu et al., 2024, "Scaling for Training Time and Post-hoc Out-of-distribution
+  Detection Enhancement"): every activation multiplied by ``exp(sum / sum of those at or above the
+  row's own percentile)``; the energy of its logits.
+* :func:`ash` (Djurisic et al., 2023, "Extremely Simple Activation Shaping"): activations below the
+  row's own percentile set to zero, the rest kept (ASH-P), scaled as SCALE scales (ASH-S) or all set to
+  the row's sum over their count (ASH-B); the energy of its logits.
+* :class:`FDBD` (Liu & Qin, 2024, "Fast Decision Boundary based Out-of-Distribution Detector"): the
+  feature's mean distance to the decision boundaries between its predicted class and each other class,
+  over its distance to the training features' mean; negated.
 """
 
 import numpy as np
@@ -20,11 +38,73 @@ def _float64(x):
     return np.asarray(x, np.float64)
 
 
-def energy(logits):
-    """``-logsumexp(logits)``: contract.confidence.score, repeated here so this module needs only NumPy."""
-    z = _float64(logits)
+def energy(logits, temperature=1.0):
+    """``-T logsumexp(logits / T)``; at T = 1 contract.confidence.score, repeated here so this module needs only NumPy."""
+    z = _float64(logits) / temperature
     top = z.max(axis=1)
-    return -(top + np.log(np.exp(z - top[:, None]).sum(axis=1)))
+    return -temperature * (top + np.log(np.exp(z - top[:, None]).sum(axis=1)))
+
+
+def gen(logits, gamma=0.1, m=10):
+    """GEN: ``sum p^gamma (1 - p)^gamma`` over the ``m`` largest softmax probabilities (0 for one certain class)."""
+    z = _float64(logits)
+    p = np.exp(z - z.max(axis=1, keepdims=True))
+    top = np.sort(p / p.sum(axis=1, keepdims=True), axis=1)[:, -m:]
+    return (top ** gamma * (1.0 - top) ** gamma).sum(axis=1)
+
+
+class ReAct:
+    """The energy of ``min(features, c) @ w + b``, ``c`` the ``percentile`` of every training activation."""
+
+    def __init__(self, features, w, b, percentile):
+        self.clip = float(np.percentile(_float64(features), percentile))
+        self.w, self.b = _float64(w), _float64(b)
+
+    def __call__(self, features):
+        return energy(np.minimum(_float64(features), self.clip) @ self.w + self.b)
+
+
+def _pruned(features, percentile):
+    """``(features, mask of each row's activations at or above its own percentile, row sums)``."""
+    x = _float64(features)
+    kept = x >= np.percentile(x, percentile, axis=1, keepdims=True)
+    return x, kept, x.sum(axis=1, keepdims=True)
+
+
+def scale(features, percentile):
+    """SCALE's features: each row times ``exp(its sum / the sum of its activations at or above its percentile)``."""
+    x, kept, total = _pruned(features, percentile)
+    return x * np.exp(total / np.where(kept, x, 0.0).sum(axis=1, keepdims=True))
+
+
+def ash(features, percentile, variant):
+    """ASH's features: below each row's percentile zero; the rest kept (``"p"``), scaled as SCALE (``"s"``) or binarised (``"b"``)."""
+    x, kept, total = _pruned(features, percentile)
+    pruned = np.where(kept, x, 0.0)
+    if variant == "p":
+        return pruned
+    if variant == "s":
+        return pruned * np.exp(total / pruned.sum(axis=1, keepdims=True))
+    if variant == "b":
+        return kept * total / kept.sum(axis=1, keepdims=True)
+    raise ValueError(f"ASH's variants are 'p', 's' and 'b', not {variant!r}")
+
+
+class FDBD:
+    """``-mean over c != k of (z_k - z_c) / |w_k - w_c|``, over ``|x - training mean|``; k the predicted class."""
+
+    def __init__(self, features, w, b):
+        self.mean = _float64(features).mean(axis=0)
+        self.w, self.b = _float64(w), _float64(b)
+        self.widths = np.linalg.norm(self.w[:, :, None] - self.w[:, None, :], axis=0)  # [C, C]: |w_k - w_c|
+
+    def __call__(self, features):
+        x = _float64(features)
+        z = x @ self.w + self.b
+        k = z.argmax(axis=1)
+        widths = self.widths[k]
+        distances = np.divide(z[np.arange(len(z)), k][:, None] - z, widths, out=np.zeros_like(z), where=widths > 0)
+        return -distances.sum(axis=1) / (z.shape[1] - 1) / np.linalg.norm(x - self.mean, axis=1)
 
 
 class Mahalanobis:

@@ -148,3 +148,71 @@ def test_fusion_weighs_each_standardised_score():
                                [(3 - 2) / np.std(a) - 0.5 * (50 - 30) / np.std(b)])
     with pytest.raises(ValueError, match="2 scores, 1 weights"):
         scores.Fusion([a, b], weights=[1.0])
+
+
+def test_energy_at_a_temperature_is_minus_t_logsumexp_of_the_logits_over_t():
+    logits = np.array([[0.0, np.log(3.0)]])
+    np.testing.assert_allclose(scores.energy(logits, 1.0), [-np.log(4.0)])
+    np.testing.assert_allclose(scores.energy(logits, 2.0), [-2 * np.log(1 + np.sqrt(3.0))])
+    # A high temperature ranks by the mean logit, a low one by the largest: the two orders differ here.
+    pair = np.array([[5.0, 5.0, 5.0], [6.0, 0.0, 0.0]])
+    assert scores.energy(pair, 100.0)[0] < scores.energy(pair, 100.0)[1]
+    assert scores.energy(pair, 0.1)[0] > scores.energy(pair, 0.1)[1]
+
+
+def test_gen_is_the_generalized_entropy_of_the_top_m_probabilities():
+    probabilities = np.array([[0.7, 0.2, 0.1]])
+    logits = np.log(probabilities) + 3.0  # a shift changes no probability
+    np.testing.assert_allclose(scores.gen(logits, gamma=1.0, m=2), [0.7 * 0.3 + 0.2 * 0.8])
+    np.testing.assert_allclose(scores.gen(logits, gamma=0.5, m=3), [np.sum(np.sqrt(probabilities * (1 - probabilities)))])
+    # Higher is more foreign: flat logits above a confident answer, a certain one at zero.
+    flat, sure, certain = scores.gen(np.array([[1.0, 1.0, 1.0], [4.0, 0.0, 0.0], [800.0, 0.0, 0.0]]), 0.1, 3)
+    assert flat > sure > certain == 0.0
+
+
+def test_react_with_a_clip_above_every_activation_is_the_energy_and_a_lower_clip_cuts_the_largest():
+    rng = np.random.default_rng(0)
+    train, w, b = rng.exponential(size=(500, 6)), rng.normal(size=(6, 3)), rng.normal(size=3)
+    react = scores.ReAct(train, w, b, percentile=100)
+    assert react.clip == train.max()
+    np.testing.assert_allclose(react(train[:20]), scores.energy(train[:20] @ w + b))
+    low = scores.ReAct(train, w, b, percentile=50)
+    np.testing.assert_allclose(low.clip, np.median(train))
+    x = np.array([[0.1, 5.0, 0.2, 9.0, 0.0, 0.3]])
+    np.testing.assert_allclose(low(x), scores.energy(np.minimum(x, np.median(train)) @ w + b))
+
+
+def test_scale_and_ash_shape_each_row_by_its_own_percentile():
+    x = np.array([[1.0, 2.0, 3.0, 4.0], [40.0, 30.0, 20.0, 10.0]])
+    # The median of 1..4 is 2.5: 3 and 4 are kept, 7 of the row's 10 (and 70 of the second row's 100).
+    factor = np.exp(10 / 7)
+    np.testing.assert_allclose(scores.scale(x, 50), x * factor)
+    np.testing.assert_allclose(scores.ash(x, 50, "p"), [[0, 0, 3, 4], [40, 30, 0, 0]])
+    np.testing.assert_allclose(scores.ash(x, 50, "s"), np.array([[0, 0, 3, 4], [40, 30, 0, 0]]) * factor)
+    np.testing.assert_allclose(scores.ash(x, 50, "b"), [[0, 0, 5, 5], [50, 50, 0, 0]])
+    with pytest.raises(ValueError, match="not 'q'"):
+        scores.ash(x, 50, "q")
+
+
+def test_scale_keeps_the_answer_and_lowers_the_energy_of_rows_whose_mass_is_in_a_few_activations():
+    w = np.random.default_rng(0).normal(size=(4, 3))
+    peaked, spread = np.array([[8.0, 0.1, 0.1, 0.1]]), np.array([[2.0, 2.1, 2.0, 2.2]])  # the same sum, 8.3
+    for x in (peaked, spread):
+        assert np.argmax(scores.scale(x, 75) @ w) == np.argmax(x @ w)
+    # The 75th percentile keeps one activation each: the peaked row keeps almost all its mass, the
+    # spread one about a quarter, so SCALE multiplies the spread row's features by the larger factor.
+    assert scores.scale(peaked, 75)[0, 0] / peaked[0, 0] < scores.scale(spread, 75)[0, 0] / spread[0, 0]
+
+
+def test_fdbd_is_the_mean_distance_to_the_decision_boundaries_over_the_distance_to_the_mean():
+    w = np.eye(2)  # two classes; the boundary is the line x0 = x1
+    fdbd = scores.FDBD(np.array([[1.0, -1.0], [-1.0, 1.0]]), w, np.zeros(2))  # training mean 0
+    x = np.array([[3.0, 1.0]])
+    # (3, 1) is |3 - 1| / sqrt(2) = sqrt(2) from the boundary and sqrt(10) from the mean.
+    np.testing.assert_allclose(fdbd(x), [-np.sqrt(2) / np.sqrt(10)])
+    np.testing.assert_allclose(fdbd(7 * x), fdbd(x))  # about the mean without bias, the size of the feature cancels
+    three = scores.FDBD(np.zeros((1, 2)), np.array([[1.0, 0.0, -1.0], [0.0, 1.0, 0.0]]), np.zeros(3))
+    # Predicted class 0 (z = 3, 1, -3): boundaries with class 1 (w gap (1, -1)) and class 2 (w gap (2, 0)).
+    np.testing.assert_allclose(three(x), [-(2 / np.sqrt(2) + 6 / 2) / 2 / np.sqrt(10)])
+    # On the boundary the score is 0, the most foreign it can be.
+    assert fdbd(np.array([[2.0, 2.0]]))[0] == 0.0 > fdbd(x)[0]
