@@ -391,6 +391,38 @@ def ood_features(report):
     return table(["score, six views, AUROC", *SETS], rows)
 
 
+@region("ood-scores")
+def ood_scores(report):
+    """Every score of ``airbench_muon``'s served (six-view) features and logits over the seeds, against the energy."""
+    named = report.matching("ood-scores-airbench_muon-h5000-png-s*")
+    views = [rec["views"]["six views"] for _, rec in named]
+    auroc = {score: {s: [v["scores"][score][s]["auroc"] for v in views] for s in SETS} for score in views[0]["scores"]}
+    # Means to the 3 decimals the table shows, so "below the energy" is what a reader sees.
+    mean = {score: {s: round(statistics.mean(a), 3) for s, a in per.items()} for score, per in auroc.items()}
+
+    def chosen(score):
+        found = [v["chosen"].get(score, {}) for v in views]
+        picked = [c.get("parameter", c.get("k", c.get("dim"))) for c in found]
+        return "" if None in picked else ", ".join("/".join(map(str, p)) if isinstance(p, list) else f"{p:g}" for p in picked)
+
+    rows = []
+    for score, per in auroc.items():
+        costs = [v["seconds_per_image"].get(score) for v in views]
+        below = sum(mean[score][s] < mean["energy"][s] for s in SETS)
+        rows.append([score, *(f"{statistics.mean(a):.3f} ({min(a):.3f}-{max(a):.3f})" for a in per.values()),
+                     below, "" if None in costs else f"{statistics.median(costs) * 1e6:.0f}", chosen(score)])
+    names = [n for n, _ in named]
+    report.target("`airbench_muon`, batch 1,000, 10 epochs: photos AUROC ≥ 0.95 (mean over seeds), the energy of six views",
+                  mean["energy"]["photos"], 0.95, "{:.3f}", names)
+    not_below = [score for score in mean if score != "energy" and all(mean[score][s] >= mean["energy"][s] for s in SETS)]
+    # 0 where every other score falls below the energy on some set: the target is then missed outright.
+    report.target("`airbench_muon`, six views: a score other than the energy with photos AUROC ≥ 0.95 (mean over seeds) "
+                  "and no set below the energy", max((mean[score]["photos"] for score in not_below), default=0.0), 0.95,
+                  "{:.3f}", names)
+    return table([f"score, six views, mean (range) over {len(views)} seeds", *SETS, "sets below the energy",
+                  "µs an image", "chosen on the held-out slice, per seed"], rows)
+
+
 # -- robustness ----------------------------------------------------------------------------------
 @region("robustness")
 def robustness(report):

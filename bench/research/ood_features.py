@@ -38,7 +38,7 @@ from bench.research import ood_scores as scores
 
 K_CANDIDATES = (1, 2, 5, 10, 20, 50, 100, 200)  # KNN's k: Sun et al. use 50 on all 50,000 CIFAR-10 images
 VIM_FRACTIONS = (1 / 16, 1 / 8, 1 / 4, 1 / 2, 3 / 4)  # ViM's principal subspace, as a share of the features
-TEMPERATURES = (0.5, 0.75, 2.0, 5.0)  # the energy's, each reported (1 is the served energy)
+TEMPERATURES = (0.5, 0.75, 2.0, 5.0, 10.0, 20.0)  # the energy's, each reported and one chosen (1 is the served energy)
 GEN_GRID = [(g, m) for g in (0.01, 0.1, 0.5) for m in (3, 5, 10)]  # (gamma, M): Liu et al. use 0.1 and 10 on CIFAR-10
 REACT_PERCENTILES = (80, 85, 90, 95, 99)  # of every training activation: Sun et al. use 90
 SHAPING_PERCENTILES = (50, 65, 80, 90, 95)  # of each image's own activations: ASH uses 65 and 90 on CIFAR-10
@@ -179,6 +179,7 @@ def post_hoc_scores(f, w, b, selection_sets):
         made[name] = lambda g, s=candidates[best]: s(feature(g), logit(g))
         chosen[name] = {"parameter": best, "selection_mean_auroc": {str(p): a for p, a in tried.items()}}
 
+    pick("energy, T chosen", {t: lambda x, z, t=t: scores.energy(z, t) for t in (1.0, *TEMPERATURES, 50.0, 100.0)})
     pick("gen", {(gamma, m): lambda x, z, gamma=gamma, m=m: scores.gen(z, gamma, m) for gamma, m in GEN_GRID})
     react = {p: scores.ReAct(feature("bank"), w, b, p) for p in REACT_PERCENTILES}
     pick("react", {p: lambda x, z, r=r: r(x) for p, r in react.items()})
