@@ -142,6 +142,8 @@ class Training:  # how the weights were made: the recipe, and the run that appli
     seed: int
     wall_time_s: float
     budget: Budget | None = None  # None unless trained with --time-budget
+    # The epoch each restart after an interruption (a kill, a lost host) resumed from, in order; empty: none.
+    resumed_from_epochs: list = dataclasses.field(default_factory=list)
 
 
 @_section

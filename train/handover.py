@@ -24,10 +24,11 @@ FINGERPRINT_SEED = 20180921  # the fingerprint's images (train.models.fingerprin
 SAMPLE_IMAGES = {"train": 500, "test": 1000}
 
 
-def hand_over(config, plan, placement, splits, output, wall_time, held_out=None, budget=None):
+def hand_over(config, plan, placement, splits, output, wall_time, held_out=None, budget=None, resumed=()):
     """Rebuild the model on the host from the saved file alone, evaluate it, write samples and manifest.
 
-    ``budget``: the time budget's choice (contract.manifest.Budget), recorded in the manifest.
+    ``budget``: the time budget's choice (contract.manifest.Budget), recorded in the manifest; ``resumed``:
+    the epochs the run resumed from after interruptions (train.trainer.resumes).
     """
     import keras
 
@@ -75,6 +76,7 @@ def hand_over(config, plan, placement, splits, output, wall_time, held_out=None,
             seed=int(config.seed),
             wall_time_s=round(wall_time, 1),
             budget=budget,
+            resumed_from_epochs=list(resumed),
         ),
         metrics=manifests.Metrics(
             test_accuracy=float(evaluation["accuracy"]),
@@ -130,13 +132,19 @@ def write_samples(splits, path, seed):
                              test=len(chosen["test_images"]), sha256=sha256_file(path), seed=seed)
 
 
-def save_weights_atomically(model, path):
+def save_weights_atomically(model, path, attributes=None):
+    """``model``'s weights to ``path`` by one rename, with ``attributes`` on the file's root (h5py)."""
     directory = os.path.dirname(path)
     # Keras insists on the .weights.h5 suffix, so the temporary name keeps it.
     fd, tmp = tempfile.mkstemp(dir=directory, prefix=".tmp-", suffix=".weights.h5")
     os.close(fd)
     try:
         model.save_weights(tmp, overwrite=True)
+        if attributes:
+            import h5py
+
+            with h5py.File(tmp, "r+") as f:
+                f.attrs.update(attributes)
         os.chmod(tmp, 0o644)  # mkstemp makes files private; a run directory is shared
         os.replace(tmp, path)
     finally:

@@ -18,6 +18,7 @@ BACKENDS = ("auto", "jax", "tensorflow")
 GOOGLE_PCI_VENDOR = "0x1ae0"  # every Cloud TPU chip (v2 to v6e) is a PCI device of Google's
 NVIDIA_PCI_VENDOR = "0x10de"
 PCI_DEVICES = "/sys/bus/pci/devices"
+LOST_PROCESS_EXIT = 3  # the exit status of a process whose run stopped because another process was lost
 
 
 class AcceleratorError(RuntimeError):

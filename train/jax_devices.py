@@ -20,6 +20,7 @@ address of the route to the coordinator, never what the host's name happens to r
 import contextlib
 import ipaddress
 import os
+import re
 import socket
 import time
 
@@ -27,11 +28,13 @@ import jax
 import keras
 import numpy as np
 
-from train.hardware import AcceleratorError, Placement, installed
+from train import backup
+from train.hardware import LOST_PROCESS_EXIT, AcceleratorError, Placement, installed
 
 MULTI_PROCESS_VARIABLES = ("KERAS_DISTRIBUTION_JOB_ADDRESSES", "KERAS_DISTRIBUTION_NUM_PROCESSES")
 ADDRESS_VARIABLE = "CIFAR_HOST_ADDRESS"  # this host's address for the collectives (a pod's status.podIP)
 JOIN_TIMEOUT_VARIABLE = "CIFAR_JOIN_TIMEOUT_S"  # how long to wait for the coordinator (default 300 s, JAX's)
+ADDRESSES = []  # the collectives' address of every process, by process index (join)
 
 
 def placement(tpu="auto"):
@@ -85,6 +88,7 @@ def join():
     process is on another host, and a coordinator not reached within ``CIFAR_JOIN_TIMEOUT_S``
     (JAX itself would abort the process with a stack trace).
     """
+    from jax._src import distributed
     from keras.src.backend.jax import distribution_lib
 
     addresses = [a.strip() for a in os.environ["KERAS_DISTRIBUTION_JOB_ADDRESSES"].split(",") if a.strip()]
@@ -117,7 +121,39 @@ def join():
     jax.distributed.initialize(coordinator_address=coordinator, num_processes=count, process_id=process,
                                initialization_timeout=timeout)
     _gloo_at(address)
+    # Every process's address, so that a lost one can be named by the address a failed collective gives.
+    client = distributed.global_state.client
+    client.key_value_set(f"cifar/address/{process}", address)
+    ADDRESSES[:] = [client.blocking_key_value_get(f"cifar/address/{i}", timeout * 1000) for i in range(count)]
     distribution_lib.initialize_rng()  # what keras.distribution.initialize() does after joining
+
+
+def stop_after(exc):
+    """End this process at once after ``exc`` stopped a multi-process run: one line, no JAX shutdown.
+
+    When a process is lost, the others' next collective fails at once (gloo: "Connection closed by
+    peer [ADDRESS]:PORT"). JAX's shutdown would then wait in a barrier for the lost process until its
+    heartbeat times out (100 s by default) and abort with a native stack trace; instead the line names
+    the lost process and the exit status is :data:`LOST_PROCESS_EXIT`. Any other failure keeps its
+    traceback and exits 1, as the others will once they find this process gone.
+    """
+    import sys
+    import traceback
+
+    me = f"process {jax.process_index()} of {jax.process_count()}"
+    peer = re.search(r"(?:closed|reset) by peer \[?([0-9A-Fa-f.:]+?)\]?:\d+", str(exc))
+    if peer:
+        named = [i for i, address in enumerate(ADDRESSES) if address == peer.group(1) and i != jax.process_index()]
+        who = " or ".join(f"process {i}" for i in named) or "the process"
+        print(f"error: {me}: {who} at {peer.group(1)} was lost mid-run (a collective failed: connection closed "
+              "by peer); start every process again to resume from the last finished epoch", file=sys.stderr, flush=True)
+        status = LOST_PROCESS_EXIT
+    else:
+        traceback.print_exception(exc)
+        print(f"error: {me} failed; the other processes stop when they find it gone", file=sys.stderr, flush=True)
+        status = 1
+    sys.stdout.flush()
+    os._exit(status)
 
 
 def _split(address):
@@ -184,8 +220,8 @@ def shard():
     return jax.process_index(), jax.process_count()
 
 
-class ChiefBackup(keras.callbacks.BackupAndRestore):
-    """``BackupAndRestore`` for several processes: process 0 writes the backup, every process reads it.
+class ChiefBackup(backup.Backup):
+    """The backup of several processes: process 0 writes it, every process reads it.
 
     The backup is under the run directory, which every process must see (a shared volume), so
     all resume from the same epoch with the same weights; a process that cannot see what process 0
@@ -193,10 +229,6 @@ class ChiefBackup(keras.callbacks.BackupAndRestore):
     outside the distribution: Keras makes a variable while saving, which under the distribution
     would be laid out over every process's devices, a collective the others are not in.
     """
-
-    def __init__(self, backup_dir, chief):
-        super().__init__(backup_dir)
-        self.chief = chief
 
     def on_train_begin(self, logs=None):
         from jax.experimental import multihost_utils
@@ -210,13 +242,8 @@ class ChiefBackup(keras.callbacks.BackupAndRestore):
         super().on_train_begin(logs)  # every process loads the same file: equal values, as device_put checks
 
     def _save_model(self):
-        if self.chief:
-            with without_distribution():
-                super()._save_model()
-
-    def on_train_end(self, logs=None):
-        if self.chief:
-            super().on_train_end(logs)
+        with without_distribution():
+            super()._save_model()
 
 
 @contextlib.contextmanager

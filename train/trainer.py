@@ -20,7 +20,7 @@ TensorFlow (``--input-pipeline``, decided once at start and recorded in the mani
   export's calibration (contract.confidence);
 * ``history.csv`` and ``curves.png``; ``logs/`` for TensorBoard; ``backup/`` while running.
 
-Re-running the same command after a kill resumes from the last finished epoch.
+Re-running the same command after a kill resumes from the last finished epoch (:mod:`train.backup`).
 """
 
 import contextlib
@@ -149,15 +149,29 @@ def run(config, strategy=None, splits=None, clock=time.monotonic):
                  f"augment={_describe_augmentation(recipe)} "
                  f"steps_per_execution={plan.steps_per_execution} input_pipeline={plan.input_pipeline}")
 
+    from train import backup
+
     if config.overwrite and placement.chief and os.path.exists(manifest_path):
         # Train a finished run again from scratch. An interrupted one (no manifest yet)
         # keeps its backup, so re-running this same command after a kill still resumes.
         shutil.rmtree(os.path.join(workdir, "backup"), ignore_errors=True)
-        for stale in ("history.csv", budget.CHOICE_FILE, MANIFEST_FILE):
+        for stale in ("history.csv", budget.CHOICE_FILE, backup.RESUMED_FILE, MANIFEST_FILE):
             if os.path.exists(os.path.join(workdir, stale)):
                 os.remove(os.path.join(workdir, stale))
 
-    model, wall_time, choice = _fit(config, plan, placement, splits, workdir, started, clock)
+    resumed = backup.resumes(workdir, placement.chief)
+    if resumed:
+        _say(config, f"resuming from the backup after epoch {resumed[-1]} (restart {len(resumed)} of this run)")
+    try:
+        model, wall_time, choice = _fit(config, plan, placement, splits, workdir, started, clock)
+    except hardware.AcceleratorError as exc:  # e.g. processes that do not all see the backup
+        raise UsageError(str(exc)) from None
+    except Exception as exc:
+        if _shard(placement)[1] > 1:  # a lost process, or this one failing: end now, not in JAX's shutdown
+            from train import jax_devices
+
+            jax_devices.stop_after(exc)
+        raise
     if not placement.chief:
         return None
     if choice is not None:  # the manifest's recipe is the one trained: the budget's epochs
@@ -166,7 +180,7 @@ def run(config, strategy=None, splits=None, clock=time.monotonic):
     # be laid out over every process's devices (a collective the other processes are not in).
     with placement.host() if placement.backend == "jax" else contextlib.nullcontext():
         handover.save_weights_atomically(model, os.path.join(output, WEIGHTS_FILE))
-    manifest = handover.hand_over(config, plan, placement, splits, output, wall_time, held_out, choice)
+    manifest = handover.hand_over(config, plan, placement, splits, output, wall_time, held_out, choice, resumed)
     _say(config, f"test accuracy {manifest.metrics.test_accuracy:.4f} on {manifest.metrics.test_images} "
                  f"images; weights and manifest in {output}")
     return manifest.to_dict()
@@ -347,13 +361,15 @@ def _callbacks(config, plan, placement, workdir, shown):
 
     logs = os.path.join(workdir, "logs")
     tensorboard_profile = config.profile_steps if placement.backend == "tensorflow" else None
-    backup = os.path.join(workdir, "backup")
+    backup_dir = os.path.join(workdir, "backup")
     if _shard(placement)[1] > 1:
         from train import jax_devices
 
-        restore = jax_devices.ChiefBackup(backup, placement.chief)  # the others resume from the chief's
+        restore = jax_devices.ChiefBackup(backup_dir, placement.chief)  # the others resume from the chief's
     else:
-        restore = keras.callbacks.BackupAndRestore(backup)
+        from train import backup
+
+        restore = backup.Backup(backup_dir)
     callbacks = [restore, report.EpochTimer(), shown]
     if not placement.chief:
         return callbacks  # only the chief writes the run

@@ -576,6 +576,17 @@ def test_the_cpu_jax_job_passes_each_pod_its_own_address_for_the_collectives(ren
     assert field == "status.podIP"
 
 
+def test_a_cpu_jax_pod_that_stopped_for_a_lost_process_is_replaced_without_counting_a_failure(rendered):
+    """A process ends with LOST_PROCESS_EXIT when another is lost (tests/train/test_multihost.py); only the lost
+    pod's own failure counts against backoffLimit, and every replacement resumes from the backup."""
+    from train.hardware import LOST_PROCESS_EXIT
+
+    job = training_job(rendered, "training/jax")
+    ignored = [r["onExitCodes"] for r in job["spec"]["podFailurePolicy"]["rules"]
+               if r["action"] == "Ignore" and "onExitCodes" in r]
+    assert ignored == [{"containerName": "train", "operator": "In", "values": [LOST_PROCESS_EXIT]}]
+
+
 @pytest.mark.parametrize("target", MULTI_PROCESS)
 def test_every_jax_process_mounts_the_run_that_process_0_writes(rendered, target):
     """Process 0 alone writes the run and its backup, and every process resumes from that backup."""

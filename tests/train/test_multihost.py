@@ -7,8 +7,10 @@ has it, ``/etc/netns/NS/hosts``) and to 127.0.0.1 (as this machine's ``/etc/host
 gloo, left to itself, advertised 127.0.0.1 and the run failed after minutes (issue 59).
 """
 
+import json
 import os
 import shutil
+import signal
 import socket
 import subprocess
 import sys
@@ -25,7 +27,7 @@ ADDRESSES = ("10.59.0.1", "10.59.0.2")
 PORT = 12345
 REFUSAL_BOUND_S = 60  # import and start-up on a loaded 2-core machine; the refusal itself is immediate
 DEADLINE_S = 600
-LOST_BOUND_S = 180  # JAX's heartbeat timeout (100 s) and its shutdown, with room
+LOST_BOUND_S = 60  # the survivor's next collective fails at once; a guard against a hang, not a timing
 
 
 def _ip(*args):
@@ -102,7 +104,7 @@ def test_two_hosts_train_one_run_whatever_the_host_name_resolves_to(namespaces, 
     print(f"two hosts ({resolution}): {time.monotonic() - began:.1f} s")
     zero, one = digests(sums, 0), digests(sums, 1)
     assert [e for e, _, _ in zero] == [0] and [sha for _, sha, _ in zero] == [sha for _, sha, _ in one]
-    assert (output / MANIFEST_FILE).exists()
+    assert json.loads((output / MANIFEST_FILE).read_text())["training"]["resumed_from_epochs"] == []
     if resolution == "loopback":  # the case that failed: its run exports with the fingerprint passing (~5 s)
         from export import exporter
 
@@ -139,19 +141,37 @@ def test_an_unreachable_coordinator_is_one_line_naming_it_within_the_join_timeou
     assert "Traceback" not in log and took < REFUSAL_BOUND_S
 
 
-def test_when_a_host_is_lost_mid_run_the_other_exits_non_zero_within_a_bound(namespaces, data, tmp_path):
-    """Process 1 dies as a kill would after its first epoch; process 0 must not hang in a collective."""
+@pytest.mark.parametrize("lost", [1, 0], ids=["worker-lost", "coordinator-lost"])
+def test_a_host_lost_mid_run_ends_the_other_at_once_and_both_restarted_resume(namespaces, data, tmp_path, lost):
+    """One process is killed after its first epoch (process 0 also hosts the coordinator); the other must not
+    hang in a collective but end at once, in one line naming the lost process (or, with the coordinator lost,
+    possibly in JAX's own abort). Both started again (as the Job restarts the group) resume from process 0's
+    backup and finish the run."""
     for name, address in zip(namespaces, ADDRESSES):
         resolve_host_name(name, address)
     output, sums = tmp_path / "run", tmp_path / "digests"
-    survivor = start(namespaces[0], 0, output, sums, data, epochs=3)
-    lost = start(namespaces[1], 1, output, sums, data, epochs=3, stop_after=1)
-    assert lost.wait(timeout=DEADLINE_S) == 3, log_tail(output, 1)
+    kept = 1 - lost
+    processes = {i: start(namespaces[i], i, output, sums, data, epochs=3, stop_after=1 if i == lost else 0)
+                 for i in (0, 1)}
+    assert processes[lost].wait(timeout=DEADLINE_S) == -signal.SIGKILL, log_tail(output, lost)
     died = time.monotonic()
-    code = survivor.wait(timeout=LOST_BOUND_S)
-    print(f"survivor exited {code} {time.monotonic() - died:.1f} s after the loss")
-    # Not one line yet: JAX's coordination service aborts the process (SIGABRT, a native stack trace) once
-    # the lost process's heartbeat times out; its message names the lost process.
-    assert code != 0 and "Task 1 heartbeat timeout" in log_tail(output, 0)
+    code = processes[kept].wait(timeout=LOST_BOUND_S)
+    print(f"survivor exited {code} {time.monotonic() - died:.1f} s after the loss of process {lost}")
+    log = log_tail(output, kept)
+    if lost == 0 and code == -signal.SIGABRT:
+        # The coordination service died with process 0: JAX's client may abort natively before the failed
+        # collective reaches Python (a race; JAX gives Python no hook for it), still at once and in its words.
+        assert "JAX distributed service detected fatal errors" in log, log
+    else:
+        assert code == 3, log  # train.hardware.LOST_PROCESS_EXIT
+        assert f"error: process {kept} of 2: process {lost} at {ADDRESSES[lost]} was lost mid-run" in log
+    assert "Traceback" not in log
     assert not (output / MANIFEST_FILE).exists()
     assert (output / "backup" / "latest.weights.h5").exists()  # what a restart of both resumes from
+
+    finish([start(name, i, output, sums, data, epochs=3) for i, name in enumerate(namespaces)], output)
+    zero, one = digests(sums, 0), digests(sums, 1)
+    assert [e for e, _, _ in zero] == [e for e, _, _ in one] == [0, 1, 2]  # epochs 2 and 3 after the restart
+    assert [sha for _, sha, _ in zero] == [sha for _, sha, _ in one]
+    training = json.loads((output / MANIFEST_FILE).read_text())["training"]
+    assert training["recipe"]["epochs"] == 3 and training["resumed_from_epochs"] == [1]

@@ -400,6 +400,9 @@ def test_killed_run_resumes_at_the_next_epoch(tmp_path, backend):
     manifest = json.loads((output / MANIFEST_FILE).read_text())
     assert manifest["training"]["recipe"]["epochs"] == 4 and manifest["training"]["keras_backend"] == backend
     assert [r["epoch"] for r in report.read_history(str(output / "history.csv"))] == [0, 1, 2, 3]
+    resumed_from = int(epochs_run[0].split("/")[0]) - 1  # the epochs the backup held when the kill came
+    assert manifest["training"]["resumed_from_epochs"] == [resumed_from]
+    assert f"resuming from the backup after epoch {resumed_from} (restart 1 of this run)" in second.stdout
 
 
 def test_tf_config_selects_multi_worker_mirrored_strategy():
