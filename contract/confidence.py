@@ -22,8 +22,10 @@ import numpy as np
 
 #: Seeds the held-out slice: the same images whatever ``--seed`` trains with.
 HOLDOUT_SEED = 1729
-#: Share of held-out (in-distribution) images whose score passes the threshold.
-PASS_RATE = 0.95
+#: Share of held-out (in-distribution) images whose score passes the threshold: a real image like the
+#: training images is called foreign 2% of the time (at 0.95, one in twenty: the users' complaint), at
+#: the cost of fewer foreign images caught (docs/benchmarks.md, the verdict at each pass rate).
+PASS_RATE = 0.98
 #: Bins of the expected calibration error (equal width in confidence, as Guo et al.).
 ECE_BINS = 15
 #: The score :func:`score` computes, as the manifest names it.

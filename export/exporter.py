@@ -13,7 +13,7 @@ otherwise; an existing version is never overwritten) holding:
   ``class_names`` string ``[None]``, ``ood_score`` float32 ``[None]`` and, for a run trained
   with ``--holdout``, ``in_distribution`` bool ``[None]`` (export/calibration.py: the
   probabilities are divided by a temperature fitted on the held-out images, the score is the
-  energy of the logits, and the threshold lets 95% of the held-out images pass):
+  energy of the logits, and the threshold lets 98% of the held-out images pass):
 
   - ``serving_default``: ``images``, uint8 ``[None, 32, 32, 3]``, raw RGB 0-255;
   - ``predict_images``: ``image_bytes``, string ``[None]``, encoded PNG, JPEG, GIF

@@ -15,7 +15,10 @@ from them, for each set against the test images:
   logits, what export serves: contract.confidence), the maximum logit, and the plain maximum
   probability (softmax at temperature 1: the baseline, what a model without a score offers);
 * the share flagged by the threshold export chose on held-out training images (``--version-dir``);
-  for the test images, that share is the in-distribution images wrongly flagged.
+  for the test images, that share is the in-distribution images wrongly flagged;
+* the verdict at other pass rates (:data:`PASS_RATES`), when the run kept a held-out slice: the
+  threshold fitted on it as export fits it, the test images flagged (false alarms, with their Wilson
+  interval) and each set's share flagged, so the served rate can be chosen by what users see.
 
 And calibration on the test images: negative log-likelihood and expected calibration error (15
 bins) at temperature 1 and at the exported temperature, each with a 95% interval (percentile
@@ -43,6 +46,10 @@ SCORES = {
     "max_logit": lambda z: -np.max(z, axis=1),
     "max_probability": lambda z: -np.max(rules.softmax(z), axis=1),
 }
+
+
+#: Pass rates of the held-out images at which the verdict is measured: 5%, 2% and 1% false alarms.
+PASS_RATES = (0.95, 0.98, 0.99)
 
 
 def load_run(run_dir):
@@ -106,8 +113,23 @@ def calibration(test_z, test_labels, temperature):
     return result
 
 
-def measure(logits, test_images, test_labels, sets, exported=None):
-    """``exported``: the version's :class:`contract.published.Confidence`, or None for temperature 1 and no threshold."""
+def verdicts(held_out_scores, test_scores, set_scores, pass_rates=PASS_RATES):
+    """Per pass rate: the threshold fitted on ``held_out_scores``, the share of test images and of each set flagged."""
+    result = {}
+    for rate in pass_rates:
+        threshold = rules.threshold_for(held_out_scores, rate)
+        flagged = int(np.sum(test_scores > threshold))
+        result[f"{rate:g}"] = {
+            "threshold": threshold,
+            "test_flagged": flagged / len(test_scores),
+            "test_flagged_interval_95": list(wilson(flagged, len(test_scores))),
+            "sets": {name: float(np.mean(scores > threshold)) for name, scores in set_scores.items()}}
+    return result
+
+
+def measure(logits, test_images, test_labels, sets, exported=None, held_out_images=None):
+    """``exported``: the version's :class:`contract.published.Confidence`, or None for temperature 1 and no threshold;
+    ``held_out_images``: the run's held-out slice, for :func:`verdicts`."""
     test_z = logits(test_images)
     temperature = exported.temperature if exported is not None else 1.0
     threshold = exported.ood.threshold if exported is not None else None
@@ -122,13 +144,17 @@ def measure(logits, test_images, test_labels, sets, exported=None):
         "sets": {},
     }
     inside = {name: fn(test_z) for name, fn in SCORES.items()}
+    energies = {}
     for name, images in sets.items():
         z = logits(images)
+        energies[name] = rules.score(z)
         entry = {"images": int(len(images))}
         for score_name, fn in SCORES.items():
             entry[score_name] = detection(inside[score_name], fn(z))
-        entry["flagged"] = None if threshold is None else float(np.mean(rules.score(z) > threshold))
+        entry["flagged"] = None if threshold is None else float(np.mean(energies[name] > threshold))
         result["sets"][name] = entry
+    if held_out_images is not None:
+        result["verdicts"] = verdicts(rules.score(logits(held_out_images)), inside["energy"], energies)
     return result
 
 
@@ -151,6 +177,13 @@ def table(result):
         low, high = c[name]["interval_95"][when]
         return f"{c[name][when]:.4f} ({low:.4f}-{high:.4f})"
 
+    if "verdicts" in result:
+        lines += ["", "| held-out images passing | test images flagged (95% Wilson) | "
+                  + " | ".join(result["sets"]) + " |", "|---:|---:|" + "---:|" * len(result["sets"])]
+        for rate, v in result["verdicts"].items():
+            low, high = v["test_flagged_interval_95"]
+            lines.append(f"| {float(rate):.0%} | {v['test_flagged']:.1%} ({low:.1%}-{high:.1%}) | "
+                         + " | ".join(f"{share:.1%}" for share in v["sets"].values()) + " |")
     lines.append(f"\ntest images: {result['test_images']}, accuracy {result['accuracy']:.2%}, flagged {flagged}; "
                  f"temperature {c['temperature']:.4f}: NLL {figure('nll', 'before')} -> {figure('nll', 'after')}, "
                  f"ECE {figure('ece', 'before')} -> {figure('ece', 'after')} (95% intervals: Wilson; bootstrap)")
@@ -171,7 +204,12 @@ def main(argv=None):
     _, images, labels, classes = test_split(args.data)
     if classes != manifest.class_names:
         parser.error(f"the zip's classes {classes} are not the model's {manifest.class_names}")
-    result = measure(logits, images, labels, ood_sets.make(), exported)
+    held_out = None
+    if manifest.holdout is not None:
+        from export.calibration import read_holdout
+
+        held_out, _ = read_holdout(args.run, manifest.holdout)
+    result = measure(logits, images, labels, ood_sets.make(), exported, held_out)
     result.update(run=os.path.abspath(args.run), data=os.path.basename(args.data), version_dir=args.version_dir)
     print(table(result))
     if args.json:

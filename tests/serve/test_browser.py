@@ -82,13 +82,13 @@ def test_form_in_chromium(live_server, tmp_path, javascript):  # noqa: F811
 
 @WITH_AND_WITHOUT_JAVASCRIPT
 def test_form_says_none_of_the_classes_for_a_foreign_image(live_server, tmp_path, javascript):  # noqa: F811
-    """A flat grey square and pixel noise look like no class: the page says so, with the guesses greyed."""
+    """A flat dark grey square and dark pixel noise look like no class: the page says so, with the guesses greyed."""
     import numpy as np
     from playwright.sync_api import sync_playwright
 
     # As tests/export/test_confidence.py's: within the training images' brightness (see why there).
-    noise = np.clip(np.random.default_rng(4).normal(128, 30, (32, 32, 3)), 0, 255).astype(np.uint8)
-    foreign = [np.full((32, 32, 3), 128, np.uint8), noise]
+    noise = np.clip(np.random.default_rng(4).normal(60, 12, (32, 32, 3)), 0, 255).astype(np.uint8)
+    foreign = [np.full((32, 32, 3), 60, np.uint8), noise]  # darker than any class (mid-grey is near the threshold)
     own = synthetic.make_images(1, seed=9)[0][:1]
     paths = _write_pngs(tmp_path, [*foreign, *own])
     with sync_playwright() as p:
