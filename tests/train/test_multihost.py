@@ -1,6 +1,6 @@
-"""Two training processes on two "hosts": each in its own network namespace, joined by a veth pair.
+"""Training processes on separate "hosts": each in its own network namespace, on one bridge.
 
-Process 0 is at 10.59.0.1, process 1 at 10.59.0.2 (a test network of their own); the processes get
+Process i is at 10.59.0.(i+1) (a test network of their own; four hosts, most tests use two); the processes get
 ``KERAS_DISTRIBUTION_*`` as the Kubernetes Job passes them, the coordinator at process 0's address.
 Both name resolutions are run: the host name resolving to each namespace's own address (as a pod
 has it, ``/etc/netns/NS/hosts``) and to 127.0.0.1 (as this machine's ``/etc/hosts`` has it), where
@@ -23,7 +23,7 @@ import synthetic
 from multiprocess_run import FLAGS, REPO, WORKER, digests, finish, log_tail
 from contract import MANIFEST_FILE
 
-ADDRESSES = ("10.59.0.1", "10.59.0.2")
+ADDRESSES = ("10.59.0.1", "10.59.0.2", "10.59.0.3", "10.59.0.4")
 PORT = 12345
 REFUSAL_BOUND_S = 60  # import and start-up on a loaded 2-core machine; the refusal itself is immediate
 DEADLINE_S = 600
@@ -36,24 +36,30 @@ def _ip(*args):
 
 @pytest.fixture(scope="module")
 def namespaces():
-    """Two network namespaces joined by a veth pair; removed (with their hosts files) at the end."""
+    """A network namespace per address, each on a bridge in a namespace of its own (a switch), by a veth
+    pair; removed (with their hosts files) at the end. Yields the hosts' namespaces."""
     if not shutil.which("ip") or os.geteuid() != 0:
         pytest.skip("network namespaces need root and iproute2's ip")
     tag = uuid.uuid4().hex[:6]
-    names = [f"mh59-{tag}-{i}" for i in range(2)]
+    names = [f"mh59-{tag}-{i}" for i in range(len(ADDRESSES))]
+    switch = f"mh59-{tag}-switch"
     created = []
     try:
-        for name in names:
+        for name in [switch, *names]:
             made = _ip("netns", "add", name)
             if made.returncode:
                 pytest.skip(f"ip netns is not permitted here: {made.stderr.strip()}")
             created.append(name)
-        veth = [f"v59{tag}{i}" for i in range(2)]
-        steps = [["link", "add", veth[0], "type", "veth", "peer", "name", veth[1]]]
-        for name, link, address in zip(names, veth, ADDRESSES):
-            steps += [["link", "set", link, "netns", name],
-                      ["-n", name, "addr", "add", f"{address}/24", "dev", link],
-                      ["-n", name, "link", "set", link, "up"],
+        steps = [["-n", switch, "link", "add", "bridge", "type", "bridge"], ["-n", switch, "link", "set", "bridge", "up"]]
+        for i, (name, address) in enumerate(zip(names, ADDRESSES)):
+            host, port = f"v59{tag}h{i}", f"v59{tag}s{i}"
+            steps += [["link", "add", host, "type", "veth", "peer", "name", port],
+                      ["link", "set", host, "netns", name],
+                      ["link", "set", port, "netns", switch],
+                      ["-n", switch, "link", "set", port, "master", "bridge"],
+                      ["-n", switch, "link", "set", port, "up"],
+                      ["-n", name, "addr", "add", f"{address}/24", "dev", host],
+                      ["-n", name, "link", "set", host, "up"],
                       ["-n", name, "link", "set", "lo", "up"]]
         for step in steps:
             done = _ip(*step)
@@ -82,12 +88,13 @@ def resolve_host_name(namespace, address):
             f.write(f"127.0.0.1 localhost\n{address} {socket.gethostname()}\n")
 
 
-def start(namespace, process, output, sums, data, epochs=1, stop_after=0, **extra):
+def start(namespace, process, output, sums, data, epochs=1, stop_after=0, count=2, **extra):
+    """Process ``process`` of ``count`` in ``namespace``, its output appended to ``OUTPUT.process-N.log``."""
     env = {k: v for k, v in os.environ.items()
            if k not in ("KERAS_BACKEND", "JAX_PLATFORMS") and "proxy" not in k.lower()}  # gRPC honours proxies
     env.update(TF_CPP_MIN_LOG_LEVEL="3", PYTHONPATH=REPO, XLA_FLAGS="--xla_force_host_platform_device_count=1",
-               KERAS_DISTRIBUTION_JOB_ADDRESSES=",".join(f"{a}:{PORT}" for a in ADDRESSES),
-               KERAS_DISTRIBUTION_NUM_PROCESSES="2", KERAS_DISTRIBUTION_PROCESS_ID=str(process), **extra)
+               KERAS_DISTRIBUTION_JOB_ADDRESSES=",".join(f"{a}:{PORT}" for a in ADDRESSES[:count]),
+               KERAS_DISTRIBUTION_NUM_PROCESSES=str(count), KERAS_DISTRIBUTION_PROCESS_ID=str(process), **extra)
     command = ["ip", "netns", "exec", namespace, sys.executable, WORKER, str(sums), str(stop_after), *FLAGS,
                "--data", str(data), "--output", str(output), "--epochs", str(epochs), "--batch-size", "8"]
     with open(f"{output}.process-{process}.log", "a") as log:
@@ -100,7 +107,7 @@ def test_two_hosts_train_one_run_whatever_the_host_name_resolves_to(namespaces, 
         resolve_host_name(name, address if resolution == "own-address" else None)
     output, sums = tmp_path / "run", tmp_path / "digests"
     began = time.monotonic()
-    finish([start(name, i, output, sums, data) for i, name in enumerate(namespaces)], output)
+    finish([start(name, i, output, sums, data) for i, name in enumerate(namespaces[:2])], output)
     print(f"two hosts ({resolution}): {time.monotonic() - began:.1f} s")
     zero, one = digests(sums, 0), digests(sums, 1)
     assert [e for e, _, _ in zero] == [0] and [sha for _, sha, _ in zero] == [sha for _, sha, _ in one]
@@ -110,6 +117,19 @@ def test_two_hosts_train_one_run_whatever_the_host_name_resolves_to(namespaces, 
 
         version = exporter.run(run_dir=str(output), model_dir=str(tmp_path / "models"), name="cifar10", verbose=0)
         assert os.path.exists(os.path.join(version, "saved_model.pb"))
+
+
+def test_four_hosts_train_one_run_with_the_same_weights_on_each(namespaces, data, tmp_path):
+    for name, address in zip(namespaces, ADDRESSES):
+        resolve_host_name(name, address)
+    output, sums = tmp_path / "run", tmp_path / "digests"
+    began = time.monotonic()
+    finish([start(name, i, output, sums, data, count=4) for i, name in enumerate(namespaces)], output)
+    print(f"four hosts: {time.monotonic() - began:.1f} s")
+    runs = [digests(sums, i) for i in range(4)]
+    assert [[e for e, _, _ in run] for run in runs] == [[0]] * 4
+    assert len({sha for run in runs for _, sha, _ in run}) == 1  # one model, the same on every host
+    assert json.loads((output / MANIFEST_FILE).read_text())["training"]["replicas"] == 4
 
 
 def refused(namespace, output, data, **extra):
@@ -169,7 +189,7 @@ def test_a_host_lost_mid_run_ends_the_other_at_once_and_both_restarted_resume(na
     assert not (output / MANIFEST_FILE).exists()
     assert (output / "backup" / "latest.weights.h5").exists()  # what a restart of both resumes from
 
-    finish([start(name, i, output, sums, data, epochs=3) for i, name in enumerate(namespaces)], output)
+    finish([start(name, i, output, sums, data, epochs=3) for i, name in enumerate(namespaces[:2])], output)
     zero, one = digests(sums, 0), digests(sums, 1)
     assert [e for e, _, _ in zero] == [e for e, _, _ in one] == [0, 1, 2]  # epochs 2 and 3 after the restart
     assert [sha for _, sha, _ in zero] == [sha for _, sha, _ in one]
