@@ -500,8 +500,8 @@ def recipe_label(recipe, usual_rate):
 
 
 def runnable(shares, rec):
-    """vmstat's median of runnable processes over a span, against the machine's cores."""
-    return f"{shares['r']['median']:g} on {rec['machine']['cores']} cores"
+    """vmstat's median of runnable processes over a span, against the machine's cores ("not logged" without vmstat)."""
+    return "not logged" if shares is None else f"{shares['r']['median']:g} on {rec['machine']['cores']} cores"
 
 
 #: airbench_muon's recipe since 2026-12-05 (train/airbench.py): its records' names, and its targets over seeds.
@@ -520,7 +520,7 @@ def training_recipes(report):
         rows.append([recipe_label(rec["recipe"], usual_rate) + (" (the recipe)" if fnmatch.fnmatch(name, MUON_RECIPE) else ""),
                      rec["seed"], pct(rec["heldout_accuracy"]),
                      with_interval(rec["test_accuracy"], *wilson(correct, rec["test_images"]), digits=1),
-                     f"{rec['training_wall_time_s']:,.0f}", runnable(rec["vmstat"], rec), report.read.index(name) + 1])
+                     f"{rec['training_wall_time_s']:,.0f}", runnable(rec.get("vmstat"), rec), report.read.index(name) + 1])
     seeds = report.matching(MUON_RECIPE)
     test = [rec["test_accuracy"] for _, rec in seeds]
     held = [rec["heldout_accuracy"] for _, rec in seeds]
