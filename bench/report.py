@@ -426,7 +426,8 @@ def ood_scores(report):
 # -- robustness ----------------------------------------------------------------------------------
 @region("robustness")
 def robustness(report):
-    found = [rec for _, rec in report.matching("robustness-*")]
+    # Seed 0 of each model; the corruption runs' other seeds are in robustness-training.
+    found = [rec for _, rec in report.matching("robustness-*-s0")]
     names = [f"`{rec['name']}`" for rec in found]
     corruptions = list(found[0]["summary"]["by_corruption"])
 
