@@ -465,6 +465,25 @@ def corruption_runs(report):
     return dict(sorted(runs.items(), key=lambda item: item[0] != "control"))
 
 
+def corruption_means(report, seeds, control, tag):
+    """The robustness-training row's cells after the seed: means over ``seeds``, blank where a seed lacks the figure."""
+    def mean(values, fmt):  # over every seed, or blank
+        return fmt(statistics.mean(values)) if len(values) == len(seeds) and None not in values else ""
+
+    robust = {s: report[v[2]]["summary"]["all"] if v[2] else None for s, v in seeds.items()}
+    base = {s: report[v[2]]["summary"]["all"] if v[2] else None for s, v in control.items()}
+    point = lambda digits: lambda x: f"{x * 100:+.{digits}f} pt"  # noqa: E731
+    other = tag != "control"
+    return [mean([v[1]["heldout_accuracy"] for v in seeds.values()], pct),
+            mean([v[1]["heldout_accuracy"] - control[s][1]["heldout_accuracy"] for s, v in seeds.items()
+                  if other and s in control], point(2)),
+            mean([v[1]["test_accuracy"] for v in seeds.values()], lambda x: pct(x, 1)),
+            mean([r and r["accuracy"] for r in robust.values()], lambda x: pct(x, 1)),
+            mean([robust[s]["accuracy"] - base[s]["accuracy"] for s in seeds if other and robust[s] and base.get(s)], point(1)),
+            mean([r and r["flagged"] for r in robust.values()], lambda x: pct(x, 1)),
+            mean([report[v[2]]["clean"]["flagged"] if v[2] else None for v in seeds.values()], lambda x: pct(x, 1)), ""]
+
+
 @region("robustness-training")
 def robustness_training(report):
     """Corruption training against the recipe without it, seed by seed: clean accuracy, the 75 sets, the flagged share."""
@@ -484,6 +503,8 @@ def robustness_training(report):
                          "" if gain is None else f"{gain * 100:+.1f} pt",
                          "" if rob is None else pct(rob["summary"]["all"]["flagged"], 1),
                          "" if rob is None else pct(rob["clean"]["flagged"], 1), kind(rec)])
+        if len(seeds) > 1:
+            rows.append([f"{label}: mean of {len(seeds)} seeds", "", *corruption_means(report, seeds, control, tag)])
     for tag, seeds in runs.items():
         paired = [(s, v) for s, v in seeds.items() if s in control]
         costs = [v[1]["heldout_accuracy"] - control[s][1]["heldout_accuracy"] for s, v in paired]
