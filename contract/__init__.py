@@ -5,7 +5,10 @@ stage writes SavedModels with exactly these names; the server and the client rea
 them. Never rely on auto-generated tensor names such as ``input_1``.
 """
 
+import contextlib
 import hashlib
+import os
+import tempfile
 
 #: Default model name, as in ``models/NAME/N/`` and TF Serving's ``MODEL_NAME``.
 DEFAULT_MODEL_NAME = "cifar10"
@@ -99,3 +102,22 @@ def sha256_file(path):
         for chunk in iter(lambda: f.read(1 << 20), b""):
             digest.update(chunk)
     return digest.hexdigest()
+
+
+@contextlib.contextmanager
+def replaced_atomically(path, suffix=""):
+    """Yields a temporary path beside ``path`` to write; then renames it over ``path`` in one step.
+
+    A kill never leaves half a file at ``path``: it has the old one or the new. ``suffix`` ends the
+    temporary name (Keras insists on ``.weights.h5``). The file is made readable by all, since run and
+    model directories are shared (``mkstemp`` makes files private); on an error it is removed.
+    """
+    fd, tmp = tempfile.mkstemp(dir=os.path.dirname(os.path.abspath(path)), prefix=".tmp-", suffix=suffix)
+    os.close(fd)
+    try:
+        yield tmp
+        os.chmod(tmp, 0o644)
+        os.replace(tmp, path)
+    finally:
+        if os.path.exists(tmp):
+            os.remove(tmp)

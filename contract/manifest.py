@@ -15,11 +15,10 @@ manifest in an older format is refused with one line that names them (:data:`REB
 
 import dataclasses
 import json
-import os
-import tempfile
 import types
 import typing
 
+from contract import replaced_atomically
 from contract.recipe import Recipe
 
 #: 4 (later, optional and so readable by every reader of 4): ``training.budget`` (:class:`Budget`).
@@ -275,13 +274,6 @@ def write(path, manifest):
     """Write ``manifest`` (a :class:`Manifest`, published or not) to ``path`` atomically: a kill never leaves half a file."""
     if not isinstance(manifest, Manifest):
         raise TypeError(f"write takes a contract.manifest.Manifest, not {type(manifest).__name__}")
-    fd, tmp = tempfile.mkstemp(dir=os.path.dirname(os.path.abspath(path)), prefix=".tmp-", suffix=".json")
-    try:
-        with os.fdopen(fd, "w") as f:
-            json.dump(manifest.to_dict(), f, indent=2)
-            f.write("\n")
-        os.chmod(tmp, 0o644)  # mkstemp makes files private; run and model directories are shared
-        os.replace(tmp, path)
-    finally:
-        if os.path.exists(tmp):
-            os.remove(tmp)
+    with replaced_atomically(path, ".json") as tmp, open(tmp, "w") as f:
+        json.dump(manifest.to_dict(), f, indent=2)
+        f.write("\n")

@@ -17,6 +17,7 @@ import os
 import h5py
 import keras
 
+from contract import replaced_atomically
 from train import handover
 
 EPOCH = "epochs_done"  # the attribute of the backup's weights file: the epochs the weights have trained
@@ -69,8 +70,6 @@ def resumes(workdir, chief):
         return resumed
     resumed.append(epoch)
     if chief:
-        tmp = f"{path}.tmp"
-        with open(tmp, "w") as f:
+        with replaced_atomically(path, ".json") as tmp, open(tmp, "w") as f:
             json.dump(resumed, f)
-        os.replace(tmp, path)
     return resumed

@@ -25,9 +25,9 @@ import json
 import math
 import os
 import statistics
-import tempfile
 
 from contract import manifest as manifests
+from contract import replaced_atomically
 
 #: Steps timed after the first (compiling) one before the choice. Five steps of airbench_muon are
 #: about 10 s on an AVX-512 BF16 + AMX host, 4% of a seven-epoch run.
@@ -136,11 +136,8 @@ def describe(choice):
 
 def write_choice(run_dir, choice):
     """Keep ``choice`` in the run directory, atomically, for a resumed run."""
-    fd, tmp = tempfile.mkstemp(dir=run_dir, prefix=".tmp-", suffix=".json")
-    with os.fdopen(fd, "w") as f:
+    with replaced_atomically(os.path.join(run_dir, CHOICE_FILE), ".json") as tmp, open(tmp, "w") as f:
         json.dump(dataclasses.asdict(choice), f, indent=1)
-    os.chmod(tmp, 0o644)
-    os.replace(tmp, os.path.join(run_dir, CHOICE_FILE))
 
 
 def read_choice(run_dir):

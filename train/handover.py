@@ -8,12 +8,11 @@ last, ``manifest.json`` (:mod:`contract.manifest`): its presence means the run i
 import datetime
 import os
 import platform
-import tempfile
 
 import numpy as np
 
 from contract import (CHANNELS, HOLDOUT_FILE, IMAGE_SIZE, MANIFEST_FILE, RESIZE_METHOD, SAMPLES_FILE, WEIGHTS_FILE,
-                      sha256_file)
+                      replaced_atomically, sha256_file)
 from contract import manifest as manifests
 
 FINGERPRINT_SEED = 20180921  # the fingerprint's images (train.models.fingerprint_images)
@@ -98,11 +97,8 @@ def hand_over(config, plan, placement, splits, output, wall_time, held_out=None,
 
 
 def _write_npz(path, arrays):
-    fd, tmp = tempfile.mkstemp(dir=os.path.dirname(path), prefix=".tmp-", suffix=".npz")
-    with os.fdopen(fd, "wb") as f:
+    with replaced_atomically(path, ".npz") as tmp, open(tmp, "wb") as f:
         np.savez(f, **arrays)
-    os.chmod(tmp, 0o644)  # mkstemp makes files private; a run directory is shared
-    os.replace(tmp, path)
 
 
 def write_holdout(held_out, path):
@@ -134,22 +130,13 @@ def write_samples(splits, path, seed):
 
 def save_weights_atomically(model, path, attributes=None):
     """``model``'s weights to ``path`` by one rename, with ``attributes`` on the file's root (h5py)."""
-    directory = os.path.dirname(path)
-    # Keras insists on the .weights.h5 suffix, so the temporary name keeps it.
-    fd, tmp = tempfile.mkstemp(dir=directory, prefix=".tmp-", suffix=".weights.h5")
-    os.close(fd)
-    try:
+    with replaced_atomically(path, ".weights.h5") as tmp:  # Keras insists on the suffix
         model.save_weights(tmp, overwrite=True)
         if attributes:
             import h5py
 
             with h5py.File(tmp, "r+") as f:
                 f.attrs.update(attributes)
-        os.chmod(tmp, 0o644)  # mkstemp makes files private; a run directory is shared
-        os.replace(tmp, path)
-    finally:
-        if os.path.exists(tmp):
-            os.remove(tmp)
 
 
 def versions(backend, input_pipeline):
