@@ -1,4 +1,4 @@
-"""bench/report.py and the records: docs/benchmarks.md is what the records render, and every record is read."""
+"""bench/report/ and the records: docs/benchmarks.md is what the records render, and every record is read."""
 
 import os
 import re
@@ -32,7 +32,7 @@ def test_check_names_a_region_that_differs(tmp_path, monkeypatch, capsys):
     assert stale != COMMITTED
     path = tmp_path / "benchmarks.md"
     path.write_text(stale)
-    monkeypatch.setattr(report, "DOC", str(path))
+    monkeypatch.setattr(report.core, "DOC", str(path))  # what main reads
     assert report.main(["--check"]) == 1
     assert "training-time-airbench-avx2" in capsys.readouterr().err
     assert report.main([]) == 0 and path.read_text() == COMMITTED  # a render puts the records' figure back

@@ -1,0 +1,105 @@
+"""docs/benchmarks.md's regions of robustness. Common corruptions: each model under the 75 sets, and training with corrupted images against its control."""
+
+import statistics
+
+from bench.report.core import kind, pct, region, table
+from bench.report.training import recipe_label
+
+
+@region("robustness")
+def robustness(report):
+    # Seed 0 of each model; the corruption runs' other seeds are in robustness-training.
+    found = [rec for _, rec in report.matching("robustness-*-s0")]
+    names = [f"`{rec['name']}`" for rec in found]
+    corruptions = list(found[0]["summary"]["by_corruption"])
+
+    def rows(measure, fmt):
+        out = [["none (clean)", *(fmt(rec["clean"][measure]) for rec in found)]]
+        out += [[c.replace("_", " "), *(fmt(rec["summary"]["by_corruption"][c][measure]) for rec in found)] for c in corruptions]
+        out.append([f"mean of the {len(corruptions)}", *(fmt(rec["summary"]["all"][measure]) for rec in found)])
+        return out
+
+    share = lambda x: pct(x, 1)  # noqa: E731
+    return "\n\n".join([table(["accuracy (mean of severities 1-5)", *names], rows("accuracy", share)),
+                        table(["flagged as foreign", *names], rows("flagged", share)),
+                        table(["ECE", *names], rows("ece", "{:.3f}".format)[:1] + rows("ece", "{:.3f}".format)[-1:])])
+
+
+
+#: airbench_muon's recipe trained with and without corruption (train/data.py ``corrupt``), each run's training
+#: record and its robustness record: ``training-airbench_muon-b1000-e10-TAG-sN`` with
+#: ``robustness-airbench_muon-b1000-e10-TAG-h5000-png-sN``; TAG ``control`` (the recipe, no corruption) has
+#: ``robustness-airbench_muon-b1000-e10-h5000-png-sN``. Issue 57's target: the 75 sets' mean up ≥ 8 points
+#: with ≤ 0.3 points of clean accuracy lost (on the held-out slice, where the choice is made).
+CORRUPTION_RUNS, CORRUPTION_GAIN, CORRUPTION_COST = "training-airbench_muon-b1000-e10-*-s*", 0.08, 0.003
+
+
+def corruption_runs(report):
+    """``{tag: {seed: (training name, training record, robustness name or None)}}``, the control's tag first."""
+    runs = {}
+    for name, rec in report.matching(CORRUPTION_RUNS):
+        tag = name.removeprefix("training-airbench_muon-b1000-e10-").rsplit("-s", 1)[0]
+        if tag != "control" and not rec["recipe"].get("corrupt_fraction"):
+            continue
+        middle = "" if tag == "control" else f"{tag}-"
+        robust = f"robustness-airbench_muon-b1000-e10-{middle}h5000-png-s{rec['seed']}"
+        runs.setdefault(tag, {})[rec["seed"]] = (name, rec, robust if robust in report.records else None)
+    return dict(sorted(runs.items(), key=lambda item: item[0] != "control"))
+
+
+def corruption_figures(report, run, base, control):
+    """One corruption run's figures (None where a record lacks one); ``base``: its seed's control run, if any."""
+    _, rec, robust = run
+    rob = report[robust]["summary"]["all"] if robust else None
+    versus = base is not None and not control
+    base_rob = report[base[2]]["summary"]["all"] if versus and base[2] else None
+    return {"heldout": rec["heldout_accuracy"],
+            "cost": rec["heldout_accuracy"] - base[1]["heldout_accuracy"] if versus else None,
+            "test": rec["test_accuracy"],
+            "robust": rob and rob["accuracy"],
+            "gain": rob["accuracy"] - base_rob["accuracy"] if rob and base_rob else None,
+            "flagged": rob and rob["flagged"],
+            "clean_flagged": report[robust]["clean"]["flagged"] if robust else None}
+
+
+def point(digits):
+    return lambda x: f"{x * 100:+.{digits}f} pt"
+
+
+#: The robustness-training table's figure columns, each with its format.
+FIGURES = {"heldout": pct, "cost": point(2), "test": lambda x: pct(x, 1), "robust": lambda x: pct(x, 1),
+           "gain": point(1), "flagged": lambda x: pct(x, 1), "clean_flagged": lambda x: pct(x, 1)}
+
+
+@region("robustness-training")
+def robustness_training(report):
+    """Corruption training against the recipe without it, seed by seed: clean accuracy, the 75 sets, the flagged share."""
+    runs = corruption_runs(report)
+    control = runs.pop("control")
+    rows, usual_rate, figures = [], control[min(control)][1]["recipe"]["learning_rate"], {}
+    for tag, seeds in [("control", control), *runs.items()]:
+        figures[tag] = {seed: corruption_figures(report, run, control.get(seed), tag == "control")
+                        for seed, run in sorted(seeds.items())}
+        for seed, got in figures[tag].items():
+            label = "the recipe (control)" if tag == "control" else recipe_label(seeds[seed][1]["recipe"], usual_rate).split(", ", 2)[2]
+            rows.append([label, seed, *("" if got[k] is None else fmt(got[k]) for k, fmt in FIGURES.items()),
+                         kind(seeds[seed][1])])
+        if len(seeds) > 1:  # each figure's mean over every seed, or blank where a seed lacks it
+            means = [[got[k] for got in figures[tag].values()] for k in FIGURES]
+            rows.append([f"{label}: mean of {len(seeds)} seeds", "", *("" if None in values else fmt(statistics.mean(values))
+                                                                       for values, fmt in zip(means, FIGURES.values())), ""])
+    for tag, seeds in runs.items():
+        paired = [(s, v) for s, v in seeds.items() if s in control]
+        costs = [figures[tag][s]["cost"] for s, _ in paired]
+        gains = [figures[tag][s]["gain"] for s, _ in paired if figures[tag][s]["gain"] is not None]
+        what = recipe_label(seeds[min(seeds)][1]["recipe"], usual_rate).split(", ", 2)[2]
+        names = [v[0] for _, v in paired]
+        if gains:
+            report.target(f"`airbench_muon`, {what}: the 75 corrupted sets' mean up ≥ 8 points (mean over {len(gains)} "
+                          f"seed{'s' * (len(gains) > 1)})", statistics.mean(gains) * 100, CORRUPTION_GAIN * 100, "{:+.1f} pt", names)
+        if costs:
+            report.target(f"`airbench_muon`, {what}: ≤ 0.3 points of held-out accuracy lost (mean over {len(costs)} "
+                          f"seed{'s' * (len(costs) > 1)})", statistics.mean(costs) * 100, -CORRUPTION_COST * 100, "{:+.2f} pt", names)
+    return table(["training (`airbench_muon`, batch 1,000, 10 epochs, `--holdout 5000`)", "seed", "held-out accuracy (5,000)",
+                  "against the control", "test accuracy (1,000)", "the 75 corrupted sets, mean accuracy", "against the control",
+                  "corrupted images flagged as foreign", "clean test images flagged", "machine kind"], rows)

@@ -1,0 +1,84 @@
+"""docs/benchmarks.md's regions of training. Training: the GELU kernels, airbench_muon's recipe runs and the main job's timings."""
+
+import fnmatch
+import statistics
+
+from bench.accuracy.of_record import wilson
+from bench.report.core import cell, generic, pct, region, table, with_interval
+
+
+@region("gelu")
+def gelu(report):
+    step = generic(report, "training-gelu-step")
+    rec = report["training-gelu-epochs"]
+    rows = [[run["gelu"], *(f"{s:.1f}" for s in run["epoch_seconds"])] for run in rec["runs"]]
+    return step + "\n\n" + table(["whole epochs, alternating runs (the GELU)", "epoch 1 (s)", "epoch 2 (s)"], rows)
+
+
+def recipe_label(recipe, usual_rate):
+    """``batch 1,000, 10 epochs``, and what else the run changed: its rate against ``usual_rate``, its corruption."""
+    text = f"batch {recipe['batch_size']:,}, {recipe['epochs']} epochs"
+    if recipe["learning_rate"] != usual_rate:
+        text += f", rate × {recipe['learning_rate'] / usual_rate:g}"
+    if recipe.get("corrupt_fraction"):
+        text += (f", {recipe['corrupt_fraction']:.0%} of each batch corrupted (noise ≤ {recipe['corrupt_noise']:g}, "
+                 f"blur ≤ {recipe['corrupt_blur']:g} px)")
+    return text
+
+
+def runnable(shares, rec):
+    """vmstat's median of runnable processes over a span, against the machine's cores ("not logged" without vmstat)."""
+    return "not logged" if shares is None else f"{shares['r']['median']:g} on {rec['machine']['cores']} cores"
+
+
+#: airbench_muon's recipe since 2026-12-05 (train/airbench.py): its records' names, and its targets over seeds.
+MUON_RECIPE, MUON_MEAN, MUON_EVERY = "training-airbench_muon-b1000-e10-s*", 0.93, 0.925
+
+
+@region("training-recipes")
+def training_recipes(report):
+    runs = report.matching("training-airbench_muon-*")
+    usual_rate = statistics.mode(rec["recipe"]["learning_rate"] for _, rec in runs)
+    order = lambda run: (run[1]["recipe"]["epochs"], -run[1]["recipe"]["batch_size"],  # noqa: E731
+                         run[1]["recipe"].get("corrupt_fraction") or 0, -run[1]["recipe"]["learning_rate"], run[1]["seed"])
+    rows = []
+    for name, rec in sorted(runs, key=order):
+        correct = round(rec["test_accuracy"] * rec["test_images"])
+        rows.append([recipe_label(rec["recipe"], usual_rate) + (" (the recipe)" if fnmatch.fnmatch(name, MUON_RECIPE) else ""),
+                     rec["seed"], pct(rec["heldout_accuracy"]),
+                     with_interval(rec["test_accuracy"], *wilson(correct, rec["test_images"]), digits=1),
+                     f"{rec['training_wall_time_s']:,.0f}", runnable(rec.get("vmstat"), rec), report.read.index(name) + 1])
+    seeds = report.matching(MUON_RECIPE)
+    test = [rec["test_accuracy"] for _, rec in seeds]
+    held = [rec["heldout_accuracy"] for _, rec in seeds]
+    rows.append([f"the recipe: mean of {len(seeds)} seeds (lowest)", "", f"{pct(statistics.mean(held))} ({pct(min(held))})",
+                 f"{pct(statistics.mean(test))} ({pct(min(test))})", "", "", ""])
+    names = [n for n, _ in seeds]
+    report.target(f"`airbench_muon`, its recipe (batch 1,000, 10 epochs): mean of {len(seeds)} seeds ≥ {MUON_MEAN:.1%}",
+                  statistics.mean(test), MUON_MEAN, "{:.2%}", names)
+    report.target(f"`airbench_muon`, its recipe (batch 1,000, 10 epochs): every seed ≥ {MUON_EVERY:.1%}", min(test),
+                  MUON_EVERY, "{:.2%}", names)
+    return table(["`airbench_muon`, `--holdout 5000`", "seed", "held-out accuracy (5,000)",
+                  "test accuracy, 95% Wilson (1,000)", "training (s)", "runnable processes (vmstat r, median)", "record"], rows)
+
+
+@region("training-main-job")
+def training_main_job(report):
+    rows, whole = [], None
+    for name, rec in report.matching("training-main-job-*"):
+        budget, seconds = rec["training"]["budget"], rec["seconds"]
+        correct = round(rec["test_accuracy"] * rec["test_images"])
+        cells = [cell(seconds.get(stage), "{:,.1f}") for stage in ("train", "export", "serve_until_ready", "whole")]
+        default = budget and "TIME_BUDGET" not in rec["job_env"]
+        rows.append([f"{budget['seconds']:g} s" + (" (the default)" if default else "") if budget else "none (`TIME_BUDGET=0`)",
+                     f"{rec['training']['epochs']}" + (f" (the budget predicted {budget['predicted_s']:.0f} s)" if budget else ""),
+                     *(c or "not timed" for c in cells),
+                     with_interval(rec["test_accuracy"], *wilson(correct, rec["test_images"]), digits=1),
+                     runnable(rec["vmstat"].get("whole") or rec["vmstat"]["train"], rec), report.read.index(name) + 1])
+        if default and rec["machine"]["kind"] == "avx512-bf16-amx":
+            whole = (name, seconds["whole"])
+    if whole:
+        report.target("the whole main job ≤ 600 s on AVX-512 BF16 + AMX (install excluded)", whole[1], 600, "{:.0f} s",
+                      [whole[0]], at_least=False)
+    return table(["training budget", "epochs trained", "train (s)", "export (s)", "serve until ready (s)", "whole (s)",
+                  "test accuracy, 95% Wilson (1,000)", "runnable processes (vmstat r, median)", "record"], rows)
