@@ -18,7 +18,8 @@ import keras
 import numpy as np
 
 from contract import IMAGE_SIZE
-from train.data import BLUR_RADIUS, blur_kernels, check_shard, first_flips, pad_for_evaluation
+from train.corruption import BLUR_RADIUS, blur_kernels
+from train.data import check_shard, first_flips, pad_for_evaluation
 
 WORKERS = max(1, min(4, (os.cpu_count() or 1) - 1))  # batch-making threads beside the training loop
 
@@ -46,7 +47,7 @@ def augment(images, pad, rng, flips=None, shard=(0, 1)):
 def corrupt(images, fraction, noise, blur, rng, shard=(0, 1)):
     """Gaussian noise on ``fraction / 2`` of a float32 batch's images, blur on as many, each image on its own draw.
 
-    The NumPy twin of :func:`train.data.corrupt`: the same draws' meaning (a standard deviation uniform in
+    The NumPy twin of :func:`train.corruption.corrupt`: the same draws' meaning (a standard deviation uniform in
     [0, ``noise`` x 255), a sigma uniform in [0, ``blur``) pixels, a separable reflect-padded kernel per
     image), computed for the chosen images only, one tap at a time over all of them.
     """

@@ -23,6 +23,7 @@ from PIL import Image
 
 from contract import CHANNELS, CIFAR10_CLASSES, IMAGE_SIZE
 from contract.pixels import to_rgb32  # the server's rule too: one definition of "file -> model input"
+from train.corruption import corrupt
 
 IMAGE_EXTENSIONS = (".png", ".jpg", ".jpeg", ".bmp", ".gif", ".webp", ".ppm", ".tif", ".tiff")
 SPLITS = ("train", "test")
@@ -273,67 +274,6 @@ def augment(images, pad=4, flips=None, shard=(0, 1)):
     dy = draw(lambda n: tf.random.uniform([n, 1], 0, 2 * pad + 1, dtype=tf.int32))
     cropped = tf.gather(padded, dy + tf.range(IMAGE_SIZE)[None, :], axis=1, batch_dims=1)
     return tf.gather(cropped, dx + cols, axis=2, batch_dims=1)
-
-
-#: Taps on each side of the blur's kernel: two sigmas at the largest sigma a recipe allows (3 pixels).
-BLUR_RADIUS = 6
-#: The least sigma a blurred image is given (pixels): below it the kernel is a plain copy, and 0 would divide by 0.
-LEAST_SIGMA = 0.05
-
-
-def blur_kernels(sigma, radius=BLUR_RADIUS):
-    """``[n, 2 * radius + 1]`` normalised 1-D Gaussian kernels, one per ``sigma`` (pixels; at least :data:`LEAST_SIGMA`)."""
-    taps = np.arange(-radius, radius + 1, dtype=np.float32)
-    weights = np.exp(-0.5 * (taps[None, :] / np.maximum(np.asarray(sigma, np.float32), LEAST_SIGMA)[:, None]) ** 2)
-    return weights / weights.sum(axis=1, keepdims=True)
-
-
-def corrupt(images, fraction, noise, blur, shard=(0, 1)):
-    """Corrupt a random share of a float32 batch (0-255): ``fraction / 2`` of its images with Gaussian noise, as many blurred.
-
-    Each image draws on its own whether it is corrupted and how much: a noisy one a standard deviation
-    uniform in [0, ``noise`` x 255), a blurred one a Gaussian sigma uniform in [0, ``blur``) pixels
-    (separable, reflect-padded: one depthwise convolution each way with the blurred images as its
-    channels, so every image has its own kernel). Clipped to 0-255. Only the chosen images are
-    computed: on a batch of 2,000 the whole batch's noise and blur cost about a tenth of a second each
-    on a CPU core. Light corruptions of the kinds users' photos carry, for robustness; the
-    imagecorruptions sets the robustness benchmark scores are made by another generator
-    (bench/corruptions_generate.py) and never seen here. ``shard``: as :func:`augment`, which images
-    are corrupted and how much is drawn for the whole global batch and this part's draws are used.
-    """
-    import tensorflow as tf
-
-    index, count = shard
-    local = images.shape[0]  # static: drop_remainder batches
-    draws = tf.random.uniform([count * local, 3])[index * local:(index + 1) * local] if count > 1 else (
-        tf.random.uniform([local, 3]))
-    kind, std, sigma = tf.unstack(draws, axis=1)
-    noisy = tf.where(kind < fraction / 2)
-    blurred = tf.where((kind >= fraction / 2) & (kind < fraction))
-    chosen = tf.gather(images, noisy[:, 0])
-    scale = tf.gather(std, noisy[:, 0]) * noise * 255.0
-    out = tf.tensor_scatter_nd_update(images, noisy, chosen + tf.random.normal(tf.shape(chosen)) * scale[:, None, None, None])
-    out = tf.tensor_scatter_nd_update(out, blurred, _blur(tf, tf.gather(images, blurred[:, 0]),
-                                                          tf.gather(sigma, blurred[:, 0]) * blur))
-    return tf.clip_by_value(out, 0.0, 255.0)
-
-
-def _blur(tf, images, sigma):
-    """Each of ``images`` (float32, NHWC, any count) blurred by a Gaussian of its own ``sigma`` (pixels), as :func:`blur_kernels`."""
-    count, size, channels = tf.shape(images)[0], images.shape[1], images.shape[-1]
-
-    def convolve():
-        taps = tf.range(-BLUR_RADIUS, BLUR_RADIUS + 1, dtype=tf.float32)
-        weights = tf.exp(-0.5 * (taps[None, :] / tf.maximum(sigma, LEAST_SIGMA)[:, None]) ** 2)
-        kernels = tf.transpose(tf.repeat(weights / tf.reduce_sum(weights, axis=1, keepdims=True), channels, axis=0))
-        # The images as the channels of one image, each channel with its own image's kernel.
-        stacked = tf.reshape(tf.transpose(images, [1, 2, 0, 3]), [1, size, size, count * channels])
-        padded = tf.pad(stacked, [[0, 0], [BLUR_RADIUS] * 2, [BLUR_RADIUS] * 2, [0, 0]], mode="REFLECT")
-        across = tf.nn.depthwise_conv2d(padded, kernels[None, :, :, None], [1, 1, 1, 1], "VALID")
-        down = tf.nn.depthwise_conv2d(across, kernels[:, None, :, None], [1, 1, 1, 1], "VALID")
-        return tf.transpose(tf.reshape(down, [size, size, count, channels]), [2, 0, 1, 3])
-
-    return tf.cond(count > 0, convolve, lambda: images)  # no image to blur: no convolution with no channels
 
 
 def first_flips(count, seed):

@@ -26,7 +26,7 @@ def robustness(report):
 
 
 
-#: airbench_muon's recipe trained with and without corruption (train/data.py ``corrupt``), each run's training
+#: airbench_muon's recipe trained with and without corruption (train/corruption.py), each run's training
 #: record and its robustness record: ``training-airbench_muon-b1000-e10-TAG-sN`` with
 #: ``robustness-airbench_muon-b1000-e10-TAG-h5000-png-sN``; TAG ``control`` (the recipe, no corruption) has
 #: ``robustness-airbench_muon-b1000-e10-h5000-png-sN``. Issue 57's target: the 75 sets' mean up ≥ 8 points

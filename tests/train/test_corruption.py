@@ -3,14 +3,14 @@
 import numpy as np
 import pytest
 
-from train import arrays, data
+from train import arrays, corruption, data
 
 
 def _tf_corrupt(images, fraction, noise, blur):
     import tensorflow as tf
 
     tf.random.set_seed(0)
-    return data.corrupt(tf.constant(images), fraction, noise, blur).numpy()
+    return corruption.corrupt(tf.constant(images), fraction, noise, blur).numpy()
 
 
 def _numpy_corrupt(images, fraction, noise, blur):
