@@ -4,6 +4,7 @@ import statistics
 
 from bench.report.core import pct, region, table, with_interval
 from contract import confidence as rules
+from export.litert import SCORE_TOLERANCE
 
 SETS = ("photos", "textures", "digits", "text", "noise", "gradients", "flat")
 
@@ -64,6 +65,34 @@ def ood_verdicts(report):
                           statistics.mean(v["test_flagged"] for v in at), 0.02, "{:.1%}",
                           [n for n, _ in found], at_least=False)
     return table(["held-out images passing", "test images flagged, per seed", *(f"{s} flagged" for s in SETS)], rows)
+
+
+RUNTIMES = "ood-runtimes-airbench_muon-h5000-png-s*"
+
+
+@region("ood-runtimes")
+def ood_runtimes(report):
+    """Each runtime a version publishes against its SavedModel, per seed: score differences, verdicts, classes, flagged shares."""
+    found = report.matching(RUNTIMES)
+    rows, refused = [], []
+    for name, rec in found:
+        for runtime, r in rec["runtimes"].items():
+            vs = ["", "", "", ""] if "score_diff_max" not in r else [
+                f"{r['score_diff_max']:.1e}", f"{r['score_diff_p99']:.1e}", pct(r["verdict_agreement"]),
+                pct(r["class_agreement"])]
+            label = "`savedmodel` (and TF Serving)" if runtime == "savedmodel" else f"`{runtime}`"
+            rows.append([name[-1], label, *vs, pct(r["test_flagged"], 1), pct(r["photos_flagged"], 1),
+                         f"{r['photos_auroc']:.3f}", f"{r['nearest_to_threshold']:.1e}"])
+        refused += [f"- `{runtime}` is not published for seed {name[-1]}: {why}." for runtime, why in rec["not_published"].items()]
+    names = [n for n, _ in found]
+    litert = [rec["runtimes"]["litert"] for _, rec in found]
+    report.target("LiteRT float: the SavedModel's verdict on every image (the least over seeds)",
+                  min(r["verdict_agreement"] for r in litert), 1.0, "{:.2%}", names)
+    report.target("LiteRT float: the SavedModel's `ood_score` within export's tolerance (the largest difference over seeds)",
+                  max(r["score_diff_max"] for r in litert), SCORE_TOLERANCE, "{:.1e}", names, at_least=False)
+    columns = ["seed", "runtime", "largest score difference", "p99", "same verdict", "same class", "test images flagged",
+               "photos flagged", "photos AUROC", "score nearest the threshold"]
+    return "\n\n".join([table(columns, rows), *(["\n".join(refused)] if refused else [])])
 
 
 @region("ood-airbench")
