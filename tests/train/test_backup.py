@@ -2,6 +2,7 @@
 
 import json
 
+import keras
 import numpy as np
 import pytest
 
@@ -12,7 +13,7 @@ class Killed(BaseException):
     """What a SIGKILL during the write would leave: the code after it never runs."""
 
 
-class StopAt(__import__("keras").callbacks.Callback):
+class StopAt(keras.callbacks.Callback):
     def __init__(self, epoch):
         super().__init__()
         self.epoch, self.begun = epoch, []
@@ -24,8 +25,6 @@ class StopAt(__import__("keras").callbacks.Callback):
 
 
 def tiny_model():
-    import keras
-
     keras.utils.set_random_seed(0)
     model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(3, activation="softmax")])
     model.compile(optimizer="adam", loss="sparse_categorical_crossentropy")
@@ -59,7 +58,7 @@ def test_a_kill_while_the_backup_is_written_leaves_the_previous_epochs_and_a_res
     restarted, seen = tiny_model(), StopAt(None)
     loaded = []
 
-    class Weights(__import__("keras").callbacks.Callback):
+    class Weights(keras.callbacks.Callback):
         def on_train_begin(self, logs=None):
             loaded.extend(w.copy() for w in self.model.get_weights())
 
