@@ -35,7 +35,7 @@ VENV=${VENV:-.venv}
 # The whole job's targets, install excluded (issue 57): 10 minutes on a CPU with AMX's bfloat16
 # units (mixed bfloat16 steps), 25 minutes on others (float32 steps, about 4x as long). The
 # training budget is the target less what the budget does not count, measured on the AMX kind
-# (python -m bench.training.main_job, airbench_muon's 10 epochs of batch 1000): the trainer's start before its
+# (python -m bench.training.main_job, airbench_muon's epochs of batch 1000): the trainer's start before its
 # clock (about 20 s), export (72 s) and the server's start; on the others that remainder was not
 # measured and is taken at three minutes.
 if grep -qw amx_bf16 /proc/cpuinfo 2>/dev/null; then

@@ -87,7 +87,8 @@ def test_the_muon_recipe_is_airbench94_muons_at_the_fast_widths():
     recipe = models.recipe("airbench_muon")
     assert recipe is airbench.AIRBENCH_MUON_RECIPE
     assert (recipe.optimizer, recipe.schedule, recipe.batch_size, recipe.label_smoothing) == ("muon", "linear", 1000, 0.0)
-    assert (recipe.epochs, recipe.reference_batch, recipe.learning_rate) == (10, 2000, 1.66)
+    assert (recipe.epochs, recipe.reference_batch, recipe.learning_rate) == (12, 2000, 1.66)
+    assert (recipe.corrupt_fraction, recipe.corrupt_noise, recipe.corrupt_blur) == (0.1, 0.1, 1.0)
     assert (recipe.filter_learning_rate, recipe.filter_momentum, recipe.momentum) == (0.24, 0.6, 0.85)
     plan = trainer._plan(trainer.Config(model="airbench_muon", precision="float32"), recipe,
                          Placement("tensorflow", "test", "cpu", replicas=1), 45_000)
