@@ -141,11 +141,11 @@ def stop_after(exc):
     import traceback
 
     me = f"process {jax.process_index()} of {jax.process_count()}"
-    peer = re.search(r"(?:closed|reset) by peer \[?([0-9A-Fa-f.:]+?)\]?:\d+", str(exc))
+    peer = lost_peer(str(exc))
     if peer:
-        named = [i for i, address in enumerate(ADDRESSES) if address == peer.group(1) and i != jax.process_index()]
+        named = [i for i, address in enumerate(ADDRESSES) if address == peer and i != jax.process_index()]
         who = " or ".join(f"process {i}" for i in named) or "the process"
-        print(f"error: {me}: {who} at {peer.group(1)} was lost mid-run (a collective failed: connection closed "
+        print(f"error: {me}: {who} at {peer} was lost mid-run (a collective failed: connection closed "
               "by peer); start every process again to resume from the last finished epoch", file=sys.stderr, flush=True)
         status = LOST_PROCESS_EXIT
     else:
@@ -154,6 +154,18 @@ def stop_after(exc):
         status = 1
     sys.stdout.flush()
     os._exit(status)
+
+
+#: gloo's words for a peer gone, either way round: "Connection closed by peer [ADDRESS]:PORT" (a write)
+#: or "Read error [ADDRESS]:PORT: Connection reset by peer" (a read).
+LOST_PEER = (re.compile(r"(?:closed|reset) by peer \[?([0-9A-Fa-f.:]+?)\]?:\d+"),
+             re.compile(r"\[([0-9A-Fa-f.:]+)\]:\d+: Connection (?:closed|reset) by peer"))
+
+
+def lost_peer(message):
+    """The address of the peer a failed collective's ``message`` says is gone, or None."""
+    found = next((m for m in (pattern.search(message) for pattern in LOST_PEER) if m), None)
+    return found and found.group(1)
 
 
 def _split(address):

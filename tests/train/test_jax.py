@@ -158,3 +158,14 @@ def test_jax_trains_where_tensorflow_cannot_be_imported_and_tensorflow_exports_i
     assert not (output / "logs").exists() or not list((output / "logs").rglob("events.out.tfevents*"))
     exporter.run(run_dir=str(output), model_dir=str(tmp_path / "models"), name="cifar10", verbose=0)  # fingerprint
     assert (tmp_path / "models" / "cifar10" / "1" / "saved_model.pb").exists()
+
+
+@pytest.mark.parametrize("message", [
+    "Gloo AllReduce failed: [external/gloo/gloo/transport/tcp/pair.cc:598] Connection closed by peer [10.59.0.2]:18146",
+    "Gloo AllGather failed: [external/gloo/gloo/transport/tcp/pair.cc:538] Read error [10.59.0.2]:18146: Connection reset by peer",
+])
+def test_a_lost_peer_is_named_whichever_way_gloo_words_it(message):
+    from train import jax_devices
+
+    assert jax_devices.lost_peer(message) == "10.59.0.2"
+    assert jax_devices.lost_peer("Gloo AllGather failed: timed out") is None
