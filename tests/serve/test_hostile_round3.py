@@ -190,7 +190,11 @@ def test_bytes_elements_are_walked_no_further_than_the_shape_says(app, monkeypat
 
 @contextlib.contextmanager
 def _stalled(channel, count, metadata):
-    """``count`` Predict calls that send their metadata and never their message, until the block ends."""
+    """``count`` Predict calls that send their metadata and never their message, until the block ends.
+
+    Yields the calls and ``hold()``, which starts again any call the server has already answered: a stalled call that
+    reaches the server after a probe has taken the last slot is turned away, and ``hold()`` keeps ``count`` waiting.
+    """
     release = threading.Event()
 
     def never():
@@ -201,9 +205,17 @@ def _stalled(channel, count, metadata):
     predict = channel.stream_unary("/tensorflow.serving.PredictionService/Predict",
                                    request_serializer=predict_pb2.PredictRequest.SerializeToString,
                                    response_deserializer=predict_pb2.PredictResponse.FromString)
-    calls = [predict.future(never(), metadata=metadata, timeout=WAIT_S) for _ in range(count)]
+
+    def start():
+        return predict.future(never(), metadata=metadata, timeout=WAIT_S)
+
+    calls = [start() for _ in range(count)]
+
+    def hold():
+        calls[:] = [start() if call.done() else call for call in calls]
+
     try:
-        yield calls
+        yield calls, hold
     finally:
         release.set()
         for call in calls:
@@ -216,13 +228,14 @@ def test_calls_that_never_send_their_message_cannot_starve_the_server(app, targe
     with grpc.insecure_channel(target) as channel:
         ready = health_pb2_grpc.HealthStub(channel)
         assert ready.Check(health_pb2.HealthCheckRequest(), timeout=WAIT_S).status == health_pb2.HealthCheckResponse.SERVING
-        with _stalled(channel, 4, WITH_KEY):  # the test server admits four calls at once
+        with _stalled(channel, 4, WITH_KEY) as (_, hold):  # the test server admits four calls at once
             request = predict_pb2.PredictRequest()
             request.model_spec.name = "cifar10"
             request.inputs[contract.INPUT_PIXELS].CopyFrom(tensor_pb2.TensorProto(dtype=types_pb2.DT_UINT8))
             stub = prediction_service_pb2_grpc.PredictionServiceStub(channel)
             refused = None
             for _ in range(200):  # until the four stalled calls hold their slots (polled, never timed)
+                hold()
                 try:
                     stub.Predict(request, metadata=WITH_KEY, timeout=WAIT_S)
                 except grpc.RpcError as e:
@@ -237,7 +250,7 @@ def test_calls_that_never_send_their_message_cannot_starve_the_server(app, targe
 
 def test_a_call_without_a_key_is_refused_before_its_message(target):
     with grpc.insecure_channel(target) as channel:
-        with _stalled(channel, 1, ()) as (call,):
+        with _stalled(channel, 1, ()) as ((call,), _):
             with pytest.raises(grpc.RpcError) as refused:
                 call.result(timeout=WAIT_S)  # answered while its message is still being awaited
     assert refused.value.code() == grpc.StatusCode.UNAUTHENTICATED
