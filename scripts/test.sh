@@ -3,28 +3,24 @@
 # rate-limit test, nginx for the proxy test) and run the tests.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-if ! command -v chromium >/dev/null 2>&1; then
-  if [ "$(id -u)" = 0 ]; then
-    apt-get -o DPkg::Lock::Timeout=600 update -qq && apt-get -o DPkg::Lock::Timeout=600 install -y -qq chromium >/dev/null
-  else
-    sudo apt-get update -qq && sudo apt-get install -y -qq chromium >/dev/null
-  fi
-fi
-# tests/serve/http/test_security.py starts a real Redis (the shared rate-limit store) on a loopback port.
-if ! command -v redis-server >/dev/null 2>&1; then
-  if [ "$(id -u)" = 0 ]; then
-    apt-get -o DPkg::Lock::Timeout=600 update -qq && apt-get -o DPkg::Lock::Timeout=600 install -y -qq redis-server >/dev/null
-  else
-    sudo apt-get update -qq && sudo apt-get install -y -qq redis-server >/dev/null
-  fi
-fi
-# tests/deploy/test_proxy.py runs Debian's nginx, as the image's proxy mode does, in front of a live server.
-if ! command -v nginx >/dev/null 2>&1 && [ ! -x /usr/sbin/nginx ]; then
-  if [ "$(id -u)" = 0 ]; then
-    apt-get -o DPkg::Lock::Timeout=600 update -qq && apt-get -o DPkg::Lock::Timeout=600 install -y -qq --no-install-recommends nginx >/dev/null
-  else
-    sudo apt-get update -qq && sudo apt-get install -y -qq --no-install-recommends nginx >/dev/null
-  fi
+# Debian packages the tests run: Chromium (the browser tests), Redis (tests/serve/http/test_security.py's
+# shared rate-limit store, on a loopback port), nginx (tests/deploy/test_proxy.py, as the image's proxy mode).
+missing=()
+command -v chromium >/dev/null 2>&1 || missing+=(chromium)
+command -v redis-server >/dev/null 2>&1 || missing+=(redis-server)
+command -v nginx >/dev/null 2>&1 || [ -x /usr/sbin/nginx ] || missing+=(nginx)
+if [ ${#missing[@]} -gt 0 ]; then
+  sudo=$([ "$(id -u)" = 0 ] || echo sudo)
+  # Another apt may hold its locks (.ci/run prepares the container tools beside the tests), and
+  # DPkg::Lock::Timeout does not wait for the package lists' lock that apt-get update takes: try again.
+  for attempt in $(seq 30); do
+    $sudo apt-get -o DPkg::Lock::Timeout=600 update -qq \
+      && $sudo env DEBIAN_FRONTEND=noninteractive apt-get -o DPkg::Lock::Timeout=600 install -y -qq "${missing[@]}" >/dev/null \
+      && break
+    [ "$attempt" -lt 30 ] || { echo "scripts/test.sh: could not install ${missing[*]} from Debian" >&2; exit 1; }
+    echo "apt-get: attempt $attempt failed; trying again in 10 s" >&2
+    sleep 10
+  done
 fi
 python3 -m venv .venv
 # The locked versions, each checked against its hash (requirements/test.txt: every extra but tpu and
