@@ -50,6 +50,37 @@ def corrupt(images, fraction, noise, blur, shard=(0, 1)):
     return tf.clip_by_value(out, 0.0, 255.0)
 
 
+#: The side of the square patches :func:`expose` shuffles (pixels): 4x4 of them in a 32x32 image.
+PATCH = 8
+#: The label :func:`expose` gives an outlier: no class (train.losses.OutlierExposure).
+OUTLIER = -1
+
+
+def expose(images, labels, fraction, shard=(0, 1)):
+    """Replace a random ``fraction`` of a float32 batch with outliers: each image's :data:`PATCH`-pixel patches shuffled.
+
+    Outlier exposure's outliers made locally from the batch itself: the colours and the local texture of
+    CIFAR images with no object left to recognise, so the network learns a low score for the parts of a
+    photo that are not one of the classes. bench/confidence/ood_sets.py (the benchmark's foreign images)
+    makes nothing of the kind. Labels become int32, :data:`OUTLIER` for the replaced images. ``shard``:
+    as :func:`corrupt`.
+    """
+    import tensorflow as tf
+
+    index, count = shard
+    local, size, channels = images.shape[0], images.shape[1], images.shape[-1]
+    side = size // PATCH
+    draws = tf.random.uniform([count * local, 1 + side * side])[index * local:(index + 1) * local]
+    chosen = draws[:, 0] < fraction
+    patches = tf.reshape(tf.transpose(tf.reshape(images, [local, side, PATCH, side, PATCH, channels]),
+                                      [0, 1, 3, 2, 4, 5]), [local, side * side, PATCH, PATCH, channels])
+    shuffled = tf.gather(patches, tf.argsort(draws[:, 1:], axis=1), batch_dims=1)
+    shuffled = tf.reshape(tf.transpose(tf.reshape(shuffled, [local, side, side, PATCH, PATCH, channels]),
+                                       [0, 1, 3, 2, 4, 5]), [local, size, size, channels])
+    return (tf.where(chosen[:, None, None, None], shuffled, images),
+            tf.where(chosen, OUTLIER, tf.cast(labels, tf.int32)))
+
+
 def _blur(tf, images, sigma):
     """Each of ``images`` (float32, NHWC, any count) blurred by a Gaussian of its own ``sigma`` (pixels), as :func:`blur_kernels`."""
     count, size, channels = tf.shape(images)[0], images.shape[1], images.shape[-1]
