@@ -133,3 +133,60 @@ def test_the_training_pipeline_replaces_its_share_of_each_batch_by_outliers(pipe
         labels = np.concatenate([dataset[i][1] for i in range(4)])
     assert 0.12 < (labels == corruption.OUTLIER).mean() < 0.28
     assert set(labels[labels != corruption.OUTLIER]) == set(range(10))
+
+
+def _tf_compress(images, fraction, lowest):
+    import tensorflow as tf
+
+    tf.random.set_seed(0)
+    return corruption.compress(tf.constant(images), fraction, lowest).numpy()
+
+
+def _numpy_compress(images, fraction, lowest):
+    return arrays.compress(images, fraction, lowest, np.random.default_rng(0))
+
+
+COMPRESSORS = {"tf.data": _tf_compress, "numpy": _numpy_compress}
+
+
+def _pillow_error(image, quality):
+    import io
+
+    from PIL import Image
+
+    buffer = io.BytesIO()
+    Image.fromarray(image.astype(np.uint8)).save(buffer, "JPEG", quality=quality)
+    return np.abs(np.asarray(Image.open(buffer), np.float32) - image).mean()
+
+
+@pytest.mark.parametrize("pipeline", COMPRESSORS)
+def test_a_compressed_image_is_its_jpeg_at_a_quality_between_the_lowest_and_95(pipeline):
+    rng = np.random.default_rng(3)
+    coarse = rng.integers(0, 256, (200, 8, 8, 3)).astype(np.float32)
+    images = np.clip(np.repeat(np.repeat(coarse, 4, axis=1), 4, axis=2) + rng.normal(0, 8, (200, 32, 32, 3)), 0, 255).round()
+    images = images.astype(np.float32)
+    out = COMPRESSORS[pipeline](images, fraction=0.5, lowest=30)
+    assert out.dtype == np.float32 and out.shape == images.shape
+    error = np.abs(out - images).reshape(len(images), -1).mean(axis=1)
+    changed = error > 0
+    assert 0.35 < changed.mean() < 0.65
+    for image, got in zip(images[changed], error[changed]):
+        assert 0.8 * _pillow_error(image, 95) <= got <= 1.25 * _pillow_error(image, 30)
+
+
+@pytest.mark.parametrize("pipeline", ["tf.data", "numpy"])
+def test_the_training_pipeline_compresses_its_share_of_each_batch(pipeline):
+    count = 512
+    x = np.random.default_rng(0).integers(0, 256, (count, 32, 32, 3), dtype=np.uint8)
+    y = np.arange(count) % 10
+    options = dict(augmentation=False, seed=0, jpeg_fraction=0.25, jpeg_quality=50)
+    if pipeline == "tf.data":
+        dataset = data.train_dataset(x, y, 128, **options)
+        batches = [(images.numpy(), labels.numpy()) for images, labels in dataset.take(4)]
+    else:
+        dataset = arrays.train_dataset(x, y, 128, **options)
+        batches = [dataset[i] for i in range(4)]
+    images = np.concatenate([b[0] for b in batches]).reshape(512, -1)
+    originals = {row.tobytes() for row in x.reshape(count, -1)}  # the batches are shuffled: untouched ones are copies
+    untouched = np.array([row.astype(np.uint8).tobytes() in originals for row in images])
+    assert 0.65 < untouched.mean() < 0.85, "a quarter of the images re-encoded, the others untouched"

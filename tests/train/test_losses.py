@@ -93,11 +93,12 @@ def test_outlier_exposure_is_chosen_by_the_recipe_and_refuses_smoothed_labels():
         Recipe(outlier_fraction=0.1, label_smoothing=0.1)
 
 
-def test_a_run_trains_with_outliers_and_records_it(tmp_path):
+def test_a_run_trains_with_outliers_and_jpeg_images_and_records_it(tmp_path):
     splits = synthetic.make_splits(train_per_class=16, test_per_class=4)
     run = tmp_path / "run"
-    trainer.run(trainer.Config(output=str(run), recipe=dict(epochs=2, batch_size=16, outlier_fraction=0.25, label_smoothing=0.0),
-                               precision="float32", holdout=0, verbose=0), splits=splits)
+    recipe = dict(epochs=2, batch_size=16, outlier_fraction=0.25, jpeg_fraction=0.25, label_smoothing=0.0)
+    trainer.run(trainer.Config(output=str(run), recipe=recipe, precision="float32", holdout=0, verbose=0), splits=splits)
     manifest = json.loads((run / MANIFEST_FILE).read_text())
     assert manifest["training"]["recipe"]["outlier_fraction"] == 0.25
+    assert manifest["training"]["recipe"]["jpeg_fraction"] == 0.25
     assert len(report.read_history(str(run / "history.csv"))) == 2
