@@ -98,7 +98,8 @@ class Recipe:
     outlier_fraction: float = hyperparameter(
         0.0, "outlier exposure (Hendrycks et al., 2019): share of each training batch replaced by outliers made from "
              "its own images, their 8x8 patches shuffled (no object left), trained towards the uniform answer "
-             "(--outlier-weight); needs integer labels (no --label-smoothing); 0 trains on the classes only",
+             "(--outlier-weight); needs integer labels (no --label-smoothing); the training accuracy Keras prints "
+             "counts them as misses; 0 trains on the classes only",
         unit="fraction of the images, 0-1", low=0.0, high=0.5, metavar="FRACTION")
     outlier_weight: float = hyperparameter(
         0.5, "with --outlier-fraction: the outliers' mean loss (cross-entropy to the uniform answer, 0 at it) "
@@ -129,6 +130,3 @@ class Recipe:
             why = problem(field, getattr(self, field.name))
             if why:
                 raise ValueError(f"recipe {field.name}: {why}")
-        if self.outlier_fraction > 0 and (self.label_smoothing > 0 or self.logit_norm > 0):
-            raise ValueError("recipe outlier_fraction: outlier exposure trains with the plain cross-entropy on "
-                             "integer labels; set label_smoothing and logit_norm to 0")

@@ -295,9 +295,8 @@ def train_dataset(x, y, global_batch, augmentation=True, seed=None, crop_padding
     images, so a batch is cut before anything but the cached decode touches its images. (The
     random augmentation is not reproducible batch for batch even in one process: the parallel map
     takes its random numbers in whatever order its calls run.) ``corrupt_*``: :func:`corrupt`'s
-    share, noise and blur, after the crop and flip (a share of 0: none); ``jpeg_*``: :func:`compress`'s share and
-    lowest quality, after them. ``outlier_fraction``:
-    :func:`expose`'s share, after them (integer labels only).
+    share, noise and blur, after the crop and flip (a share of 0: none); then ``jpeg_*``: :func:`compress`'s
+    share and lowest quality; then ``outlier_fraction``: :func:`expose`'s share (integer labels only).
     """
     import tensorflow as tf
 

@@ -1,4 +1,4 @@
-"""The training loss a recipe names: cross-entropy, with label smoothing, or LogitNorm's.
+"""The training loss a recipe names: cross-entropy, with label smoothing, LogitNorm's, or outlier exposure's.
 
 Every registered model ends in a float32 softmax (``train.models.logits_model``), so a loss sees
 probabilities. LogitNorm (Wei et al., "Mitigating Neural Network Overconfidence with Logit
@@ -90,6 +90,9 @@ def one_hot(recipe):
 def for_recipe(recipe):
     """The Keras loss ``recipe`` trains with."""
     if recipe.outlier_fraction > 0:
+        if recipe.label_smoothing > 0 or recipe.logit_norm > 0:
+            raise ValueError("outlier exposure (--outlier-fraction) trains with the plain cross-entropy on integer "
+                             "labels: set --label-smoothing 0 and --logit-norm 0")
         return OutlierExposure(recipe.outlier_fraction, recipe.outlier_weight)
     if recipe.logit_norm > 0:
         return LogitNorm(recipe.logit_norm, label_smoothing=recipe.label_smoothing)

@@ -116,10 +116,11 @@ def run(config, strategy=None, splits=None, clock=time.monotonic):
 
     with quiet.native_startup():
         input_pipeline = _input_pipeline(config.input_pipeline, backend)  # imports TensorFlow for tf.data
-        from train import models
+        from train import losses, models
 
         try:
             recipe = _recipe(models.recipe(config.model), config.recipe)
+            losses.for_recipe(recipe)  # a loss the recipe's fields cannot make together is refused here
             placement = _place(backend, config.tpu, strategy)
         except (ValueError, hardware.AcceleratorError) as exc:  # an unknown model or field; an absent TPU
             raise UsageError(str(exc)) from None

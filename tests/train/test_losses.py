@@ -89,8 +89,16 @@ def test_outlier_exposure_is_cross_entropy_for_a_class_and_the_distance_to_unifo
 def test_outlier_exposure_is_chosen_by_the_recipe_and_refuses_smoothed_labels():
     chosen = losses.for_recipe(Recipe(outlier_fraction=0.1, outlier_weight=0.25))
     assert isinstance(chosen, losses.OutlierExposure) and (chosen.fraction, chosen.weight) == (0.1, 0.25)
-    with pytest.raises(ValueError, match="outlier_fraction"):
-        Recipe(outlier_fraction=0.1, label_smoothing=0.1)
+    with pytest.raises(ValueError, match="label-smoothing 0"):
+        losses.for_recipe(Recipe(outlier_fraction=0.1, label_smoothing=0.1))
+
+
+def test_a_run_asking_for_outliers_with_smoothed_labels_is_refused_before_it_starts(tmp_path):
+    run = tmp_path / "run"
+    with pytest.raises(trainer.UsageError, match="outlier exposure"):  # seed_cnn's recipe smooths its labels
+        trainer.run(trainer.Config(output=str(run), recipe=dict(outlier_fraction=0.1), verbose=0),
+                    splits=synthetic.make_splits(train_per_class=4, test_per_class=2))
+    assert not run.exists()
 
 
 def test_a_run_trains_with_outliers_and_jpeg_images_and_records_it(tmp_path):
