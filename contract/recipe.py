@@ -88,6 +88,22 @@ class Recipe:
     corrupt_blur: float = hyperparameter(
         1.0, "with --corrupt-fraction: the largest sigma of the Gaussian blur; each blurred image draws its own "
              "uniformly from 0 up to it", unit="pixels", low=0.0, high=3.0, metavar="SIGMA")
+    jpeg_fraction: float = hyperparameter(
+        0.0, "share of each training batch re-encoded as JPEG, each image at its own quality, uniform from "
+             "--jpeg-quality to 95, after the corruption; 0: none", unit="fraction of the images, 0-1", low=0.0,
+        high=1.0, metavar="FRACTION")
+    jpeg_quality: int = hyperparameter(
+        30, "with --jpeg-fraction: the lowest JPEG quality drawn", unit="JPEG quality, 1-95", low=1, high=95,
+        metavar="QUALITY")
+    outlier_fraction: float = hyperparameter(
+        0.0, "outlier exposure (Hendrycks et al., 2019): share of each training batch replaced by outliers made from "
+             "its own images, their 8x8 patches shuffled (no object left), trained towards the uniform answer "
+             "(--outlier-weight); needs integer labels (no --label-smoothing); the training accuracy Keras prints "
+             "counts them as misses; 0 trains on the classes only",
+        unit="fraction of the images, 0-1", low=0.0, high=0.5, metavar="FRACTION")
+    outlier_weight: float = hyperparameter(
+        0.5, "with --outlier-fraction: the outliers' mean loss (cross-entropy to the uniform answer, 0 at it) "
+             "against the classes' mean cross-entropy", unit="ratio (the paper's 0.5)", low=0.0, metavar="WEIGHT")
     label_smoothing: float = hyperparameter(
         0.0, "target mass spread evenly over all classes", unit="fraction, 0-1", low=0.0, high=1.0,
         metavar="FRACTION")

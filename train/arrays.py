@@ -12,13 +12,15 @@ Typical usage::
     model.fit(train_ds, epochs=10, validation_data=arrays.eval_dataset(x_test, y_test, 1024))
 """
 
+import io
 import os
 
 import keras
 import numpy as np
+from PIL import Image
 
 from contract import IMAGE_SIZE
-from train.corruption import BLUR_RADIUS, blur_kernels
+from train.corruption import BEST_QUALITY, BLUR_RADIUS, OUTLIER, PATCH, blur_kernels
 from train.data import check_shard, first_flips, pad_for_evaluation
 
 WORKERS = max(1, min(4, (os.cpu_count() or 1) - 1))  # batch-making threads beside the training loop
@@ -68,6 +70,40 @@ def corrupt(images, fraction, noise, blur, rng, shard=(0, 1)):
     return np.clip(out, 0, 255, out=out)
 
 
+def compress(images, fraction, lowest_quality, rng, shard=(0, 1)):
+    """A random ``fraction`` of a float32 batch re-encoded as JPEG by Pillow: the NumPy twin of :func:`train.corruption.compress`."""
+    n = len(images)
+    index, count = shard
+    chosen, quality = rng.random((count * n, 2))[index * n:(index + 1) * n].T
+    out = images.copy()
+    for i in np.flatnonzero(chosen < fraction):
+        buffer = io.BytesIO()
+        Image.fromarray(np.clip(np.round(images[i]), 0, 255).astype(np.uint8)).save(
+            buffer, "JPEG", quality=int(round(lowest_quality + quality[i] * (BEST_QUALITY - lowest_quality))))
+        with Image.open(buffer) as decoded:
+            out[i] = np.asarray(decoded, np.float32)
+    return out
+
+
+def expose(images, labels, fraction, rng, shard=(0, 1)):
+    """A random ``fraction`` of a float32 batch replaced by its images with their patches shuffled, labelled
+    :data:`~train.corruption.OUTLIER`: the NumPy twin of :func:`train.corruption.expose`."""
+    n, size, channels = len(images), images.shape[1], images.shape[-1]
+    side = size // PATCH
+    index, count = shard
+    draws = rng.random((count * n, 1 + side * side))[index * n:(index + 1) * n]
+    chosen = np.flatnonzero(draws[:, 0] < fraction)
+    patches = images[chosen].reshape(len(chosen), side, PATCH, side, PATCH, channels).transpose(0, 1, 3, 2, 4, 5)
+    patches = patches.reshape(len(chosen), side * side, PATCH, PATCH, channels)
+    order = np.argsort(draws[chosen, 1:], axis=1)
+    shuffled = np.take_along_axis(patches, order[:, :, None, None, None], axis=1)
+    out, labels = images.copy(), labels.astype(np.int32)
+    out[chosen] = shuffled.reshape(len(chosen), side, side, PATCH, PATCH, channels).transpose(
+        0, 1, 3, 2, 4, 5).reshape(len(chosen), size, size, channels)
+    labels[chosen] = OUTLIER
+    return out, labels
+
+
 class _Batches(keras.utils.PyDataset):
     def __init__(self, global_batch, num_classes, shard=(0, 1)):
         super().__init__(workers=WORKERS, max_queue_size=2 * WORKERS)
@@ -92,8 +128,11 @@ class TrainBatches(_Batches):
     """Shuffled, augmented float32 batches; the last partial batch of each epoch is dropped."""
 
     def __init__(self, x, y, global_batch, augmentation=True, seed=None, crop_padding=4, num_classes=None,
-                 alternate_flips=False, shard=(0, 1), corrupt_fraction=0.0, corrupt_noise=0.1, corrupt_blur=1.0):
+                 alternate_flips=False, shard=(0, 1), corrupt_fraction=0.0, corrupt_noise=0.1, corrupt_blur=1.0,
+                 jpeg_fraction=0.0, jpeg_quality=30, outlier_fraction=0.0):
         super().__init__(global_batch, num_classes, shard)
+        self.jpeg = (jpeg_fraction, jpeg_quality)
+        self.outlier_fraction = outlier_fraction
         self.x, self.y = x, y
         self.corruption = (corrupt_fraction, corrupt_noise, corrupt_blur)
         self.augmentation, self.crop_padding = augmentation, crop_padding
@@ -116,6 +155,10 @@ class TrainBatches(_Batches):
         images = images.astype(np.float32)
         if self.corruption[0] > 0:
             images = corrupt(images, *self.corruption, rng, self.shard)
+        if self.jpeg[0] > 0:
+            images = compress(images, *self.jpeg, rng, self.shard)
+        if self.outlier_fraction > 0:
+            return expose(images, self.y[index], self.outlier_fraction, rng, self.shard)
         return images, self._labels(self.y[index])
 
     def on_epoch_end(self):

@@ -50,6 +50,66 @@ def corrupt(images, fraction, noise, blur, shard=(0, 1)):
     return tf.clip_by_value(out, 0.0, 255.0)
 
 
+#: The highest JPEG quality :func:`compress` draws.
+BEST_QUALITY = 95
+
+
+def compress(images, fraction, lowest_quality, shard=(0, 1)):
+    """Re-encode a random ``fraction`` of a float32 batch (0-255) as JPEG, each at a quality uniform in
+    [``lowest_quality``, :data:`BEST_QUALITY`]: the blocks and ringing of the photos users upload.
+
+    Encoded and decoded by TensorFlow's libjpeg (4:2:0 chroma, accurate DCT), one image at a time, the
+    chosen ones only. ``shard``: as :func:`corrupt`.
+    """
+    import tensorflow as tf
+
+    index, count = shard
+    local = images.shape[0]
+    draws = tf.random.uniform([count * local, 2])[index * local:(index + 1) * local]
+    chosen = tf.where(draws[:, 0] < fraction)
+    quality = tf.cast(tf.round(lowest_quality + tf.gather(draws[:, 1], chosen[:, 0]) * (BEST_QUALITY - lowest_quality)),
+                      tf.int32)
+
+    def one(args):
+        image, q = args
+        pixels = tf.cast(tf.clip_by_value(tf.round(image), 0.0, 255.0), tf.uint8)
+        return tf.cast(tf.image.adjust_jpeg_quality(pixels, q, dct_method="INTEGER_ACCURATE"), tf.float32)
+
+    encoded = tf.map_fn(one, (tf.gather(images, chosen[:, 0]), quality), fn_output_signature=tf.float32)
+    return tf.tensor_scatter_nd_update(images, chosen, tf.ensure_shape(encoded, [None, *images.shape[1:]]))
+
+
+#: The side of the square patches :func:`expose` shuffles (pixels): 4x4 of them in a 32x32 image.
+PATCH = 8
+#: The label :func:`expose` gives an outlier: no class (train.losses.OutlierExposure).
+OUTLIER = -1
+
+
+def expose(images, labels, fraction, shard=(0, 1)):
+    """Replace a random ``fraction`` of a float32 batch with outliers: each image's :data:`PATCH`-pixel patches shuffled.
+
+    Outlier exposure's outliers made locally from the batch itself: the colours and the local texture of
+    CIFAR images with no object left to recognise, so the network learns a low score for the parts of a
+    photo that are not one of the classes. bench/confidence/ood_sets.py (the benchmark's foreign images)
+    makes nothing of the kind. Labels become int32, :data:`OUTLIER` for the replaced images. ``shard``:
+    as :func:`corrupt`.
+    """
+    import tensorflow as tf
+
+    index, count = shard
+    local, size, channels = images.shape[0], images.shape[1], images.shape[-1]
+    side = size // PATCH
+    draws = tf.random.uniform([count * local, 1 + side * side])[index * local:(index + 1) * local]
+    chosen = draws[:, 0] < fraction
+    patches = tf.reshape(tf.transpose(tf.reshape(images, [local, side, PATCH, side, PATCH, channels]),
+                                      [0, 1, 3, 2, 4, 5]), [local, side * side, PATCH, PATCH, channels])
+    shuffled = tf.gather(patches, tf.argsort(draws[:, 1:], axis=1), batch_dims=1)
+    shuffled = tf.reshape(tf.transpose(tf.reshape(shuffled, [local, side, side, PATCH, PATCH, channels]),
+                                       [0, 1, 3, 2, 4, 5]), [local, size, size, channels])
+    return (tf.where(chosen[:, None, None, None], shuffled, images),
+            tf.where(chosen, OUTLIER, tf.cast(labels, tf.int32)))
+
+
 def _blur(tf, images, sigma):
     """Each of ``images`` (float32, NHWC, any count) blurred by a Gaussian of its own ``sigma`` (pixels), as :func:`blur_kernels`."""
     count, size, channels = tf.shape(images)[0], images.shape[1], images.shape[-1]

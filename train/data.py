@@ -23,7 +23,7 @@ from PIL import Image
 
 from contract import CHANNELS, CIFAR10_CLASSES, IMAGE_SIZE
 from contract.pixels import to_rgb32  # the server's rule too: one definition of "file -> model input"
-from train.corruption import corrupt
+from train.corruption import compress, corrupt, expose
 
 IMAGE_EXTENSIONS = (".png", ".jpg", ".jpeg", ".bmp", ".gif", ".webp", ".ppm", ".tif", ".tiff")
 SPLITS = ("train", "test")
@@ -282,7 +282,8 @@ def first_flips(count, seed):
 
 
 def train_dataset(x, y, global_batch, augmentation=True, seed=None, crop_padding=4, num_classes=None,
-                  alternate_flips=False, shard=(0, 1), corrupt_fraction=0.0, corrupt_noise=0.1, corrupt_blur=1.0):
+                  alternate_flips=False, shard=(0, 1), corrupt_fraction=0.0, corrupt_noise=0.1, corrupt_blur=1.0,
+                  jpeg_fraction=0.0, jpeg_quality=30, outlier_fraction=0.0):
     """Shuffled, augmented, static-shape batches (``drop_remainder=True``), repeated per epoch.
 
     Labels are one-hot over ``num_classes`` when it is given (for label smoothing), else integers.
@@ -294,7 +295,8 @@ def train_dataset(x, y, global_batch, augmentation=True, seed=None, crop_padding
     images, so a batch is cut before anything but the cached decode touches its images. (The
     random augmentation is not reproducible batch for batch even in one process: the parallel map
     takes its random numbers in whatever order its calls run.) ``corrupt_*``: :func:`corrupt`'s
-    share, noise and blur, after the crop and flip (a share of 0: none).
+    share, noise and blur, after the crop and flip (a share of 0: none); then ``jpeg_*``: :func:`compress`'s
+    share and lowest quality; then ``outlier_fraction``: :func:`expose`'s share (integer labels only).
     """
     import tensorflow as tf
 
@@ -318,6 +320,12 @@ def train_dataset(x, y, global_batch, augmentation=True, seed=None, crop_padding
     if corrupt_fraction > 0:
         ds = ds.map(lambda images, labels: (corrupt(images, corrupt_fraction, corrupt_noise, corrupt_blur,
                                                     shard=(index, count)), labels),
+                    num_parallel_calls=tf.data.AUTOTUNE)
+    if jpeg_fraction > 0:
+        ds = ds.map(lambda images, labels: (compress(images, jpeg_fraction, jpeg_quality, shard=(index, count)), labels),
+                    num_parallel_calls=tf.data.AUTOTUNE)
+    if outlier_fraction > 0:
+        ds = ds.map(lambda images, labels: expose(images, labels, outlier_fraction, shard=(index, count)),
                     num_parallel_calls=tf.data.AUTOTUNE)
     return ds.prefetch(tf.data.AUTOTUNE)
 

@@ -116,10 +116,11 @@ def run(config, strategy=None, splits=None, clock=time.monotonic):
 
     with quiet.native_startup():
         input_pipeline = _input_pipeline(config.input_pipeline, backend)  # imports TensorFlow for tf.data
-        from train import models
+        from train import losses, models
 
         try:
             recipe = _recipe(models.recipe(config.model), config.recipe)
+            losses.for_recipe(recipe)  # a loss the recipe's fields cannot make together is refused here
             placement = _place(backend, config.tpu, strategy)
         except (ValueError, hardware.AcceleratorError) as exc:  # an unknown model or field; an absent TPU
             raise UsageError(str(exc)) from None
@@ -282,7 +283,8 @@ def _fit(config, plan, placement, splits, workdir, started, clock):
                                        seed=config.seed, crop_padding=recipe.crop_padding, num_classes=labels,
                                        alternate_flips=recipe.alternate_flips, shard=shard,
                                        corrupt_fraction=recipe.corrupt_fraction, corrupt_noise=recipe.corrupt_noise,
-                                       corrupt_blur=recipe.corrupt_blur)
+                                       corrupt_blur=recipe.corrupt_blur, jpeg_fraction=recipe.jpeg_fraction,
+                                       jpeg_quality=recipe.jpeg_quality, outlier_fraction=recipe.outlier_fraction)
     val_ds = pipelines.eval_dataset(splits.x_test, splits.y_test, plan.global_batch, num_classes=labels, shard=shard)
 
     # A run resumed after a kill keeps the length an earlier process chose, budget flag or not: its
@@ -397,6 +399,11 @@ def _describe_augmentation(recipe):
     if recipe.corrupt_fraction > 0:
         parts.append(f"corrupt({recipe.corrupt_fraction:g} of each batch: noise std up to {recipe.corrupt_noise:g}, "
                      f"blur sigma up to {recipe.corrupt_blur:g} px)")
+    if recipe.jpeg_fraction > 0:
+        parts.append(f"jpeg({recipe.jpeg_fraction:g} of each batch: quality {recipe.jpeg_quality}-95)")
+    if recipe.outlier_fraction > 0:
+        parts.append(f"outliers({recipe.outlier_fraction:g} of each batch: patches shuffled, weight "
+                     f"{recipe.outlier_weight:g})")
     return "+".join(parts) or "off"
 
 

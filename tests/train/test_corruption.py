@@ -80,3 +80,113 @@ def test_the_training_pipeline_corrupts_its_share_of_each_batch(pipeline):
         arrays.train_dataset(x.astype(np.uint8), y, 128, augmentation=False, seed=0))
     first = next(iter(clean))[0] if pipeline == "tf.data" else clean[0][0]
     assert np.asarray(first).reshape(128, -1).std(axis=1).max() == 0, "no corruption unless the recipe asks"
+
+
+def _tf_expose(images, labels, fraction):
+    import tensorflow as tf
+
+    tf.random.set_seed(0)
+    out, labels = corruption.expose(tf.constant(images), tf.constant(labels), fraction)
+    return out.numpy(), labels.numpy()
+
+
+def _numpy_expose(images, labels, fraction):
+    return arrays.expose(images, labels, fraction, np.random.default_rng(0))
+
+
+EXPOSERS = {"tf.data": _tf_expose, "numpy": _numpy_expose}
+
+
+@pytest.mark.parametrize("pipeline", EXPOSERS)
+def test_an_outlier_is_its_own_image_with_its_patches_shuffled_and_no_class(pipeline):
+    # Each pixel its own number: an outlier's pixels are its image's, each 8x8 patch whole, moved.
+    count = 400
+    images = np.arange(count * 32 * 32 * 3, dtype=np.float32).reshape(count, 32, 32, 3)
+    labels = np.arange(count) % 10
+    out, out_labels = EXPOSERS[pipeline](images, labels, fraction=0.25)
+    exposed = out_labels == corruption.OUTLIER
+    assert 0.17 < exposed.mean() < 0.33
+    np.testing.assert_array_equal(out[~exposed], images[~exposed])
+    np.testing.assert_array_equal(out_labels[~exposed], labels[~exposed])
+
+    def patches(batch):
+        return batch.reshape(len(batch), 4, 8, 4, 8, 3).transpose(0, 1, 3, 2, 4, 5).reshape(len(batch), 16, -1)
+
+    moved, own = patches(out[exposed]), patches(images[exposed])
+    np.testing.assert_array_equal(np.sort(moved[:, :, 0], axis=1), np.sort(own[:, :, 0], axis=1))
+    starts = own[:, :, 0]
+    where = np.argmax(moved[:, :, None, 0] == starts[:, None, :], axis=2)  # which patch landed in each place
+    np.testing.assert_array_equal(moved, np.take_along_axis(own, where[:, :, None], axis=1), err_msg="patches move whole")
+    assert (where != np.arange(16)).any(axis=1).mean() > 0.99, "an outlier's patches are out of place"
+
+
+@pytest.mark.parametrize("pipeline", ["tf.data", "numpy"])
+def test_the_training_pipeline_replaces_its_share_of_each_batch_by_outliers(pipeline):
+    count = 512
+    x = np.random.default_rng(0).integers(0, 256, (count, 32, 32, 3), dtype=np.uint8)
+    y = np.arange(count) % 10
+    options = dict(augmentation=False, seed=0, outlier_fraction=0.2)
+    if pipeline == "tf.data":
+        labels = np.concatenate([b.numpy() for _, b in data.train_dataset(x, y, 128, **options).take(4)])
+    else:
+        dataset = arrays.train_dataset(x, y, 128, **options)
+        labels = np.concatenate([dataset[i][1] for i in range(4)])
+    assert 0.12 < (labels == corruption.OUTLIER).mean() < 0.28
+    assert set(labels[labels != corruption.OUTLIER]) == set(range(10))
+
+
+def _tf_compress(images, fraction, lowest):
+    import tensorflow as tf
+
+    tf.random.set_seed(0)
+    return corruption.compress(tf.constant(images), fraction, lowest).numpy()
+
+
+def _numpy_compress(images, fraction, lowest):
+    return arrays.compress(images, fraction, lowest, np.random.default_rng(0))
+
+
+COMPRESSORS = {"tf.data": _tf_compress, "numpy": _numpy_compress}
+
+
+def _pillow_error(image, quality):
+    import io
+
+    from PIL import Image
+
+    buffer = io.BytesIO()
+    Image.fromarray(image.astype(np.uint8)).save(buffer, "JPEG", quality=quality)
+    return np.abs(np.asarray(Image.open(buffer), np.float32) - image).mean()
+
+
+@pytest.mark.parametrize("pipeline", COMPRESSORS)
+def test_a_compressed_image_is_its_jpeg_at_a_quality_between_the_lowest_and_95(pipeline):
+    rng = np.random.default_rng(3)
+    coarse = rng.integers(0, 256, (200, 8, 8, 3)).astype(np.float32)
+    images = np.clip(np.repeat(np.repeat(coarse, 4, axis=1), 4, axis=2) + rng.normal(0, 8, (200, 32, 32, 3)), 0, 255).round()
+    images = images.astype(np.float32)
+    out = COMPRESSORS[pipeline](images, fraction=0.5, lowest=30)
+    assert out.dtype == np.float32 and out.shape == images.shape
+    error = np.abs(out - images).reshape(len(images), -1).mean(axis=1)
+    changed = error > 0
+    assert 0.35 < changed.mean() < 0.65
+    for image, got in zip(images[changed], error[changed]):
+        assert 0.8 * _pillow_error(image, 95) <= got <= 1.25 * _pillow_error(image, 30)
+
+
+@pytest.mark.parametrize("pipeline", ["tf.data", "numpy"])
+def test_the_training_pipeline_compresses_its_share_of_each_batch(pipeline):
+    count = 512
+    x = np.random.default_rng(0).integers(0, 256, (count, 32, 32, 3), dtype=np.uint8)
+    y = np.arange(count) % 10
+    options = dict(augmentation=False, seed=0, jpeg_fraction=0.25, jpeg_quality=50)
+    if pipeline == "tf.data":
+        dataset = data.train_dataset(x, y, 128, **options)
+        batches = [(images.numpy(), labels.numpy()) for images, labels in dataset.take(4)]
+    else:
+        dataset = arrays.train_dataset(x, y, 128, **options)
+        batches = [dataset[i] for i in range(4)]
+    images = np.concatenate([b[0] for b in batches]).reshape(512, -1)
+    originals = {row.tobytes() for row in x.reshape(count, -1)}  # the batches are shuffled: untouched ones are copies
+    untouched = np.array([row.astype(np.uint8).tobytes() in originals for row in images])
+    assert 0.65 < untouched.mean() < 0.85, "a quarter of the images re-encoded, the others untouched"

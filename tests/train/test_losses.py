@@ -72,3 +72,41 @@ def test_a_run_trains_by_logit_norm_and_records_it(tmp_path):
     # LogitNorm's at temperature 0.04 many times that (it puts every image's logits at norm 25); it falls.
     loss = [row["loss"] for row in report.read_history(str(run / "history.csv"))]
     assert len(loss) == 3 and loss[0] > 3 * np.log(3) and loss[-1] < loss[0]
+
+
+def test_outlier_exposure_is_cross_entropy_for_a_class_and_the_distance_to_uniform_for_an_outlier():
+    z = np.random.default_rng(1).normal(size=(6, 10)) * 3
+    labels = np.array([3, -1, 0, -1, 9, 2])
+    loss = losses.OutlierExposure(fraction=0.2, weight=0.5)
+    got = np.asarray(loss(labels, _softmax(z).astype(np.float32)))
+    log_p = np.log(_softmax(z))
+    per_image = np.where(labels >= 0, -log_p[np.arange(6), np.maximum(labels, 0)],
+                         0.5 * (0.8 / 0.2) * (-log_p.mean(axis=-1) - np.log(10)))
+    np.testing.assert_allclose(got, per_image.mean(), rtol=1e-5)
+    assert np.asarray(loss(np.array([-1]), np.full((1, 10), 0.1, np.float32))) == pytest.approx(0.0, abs=1e-6)
+
+
+def test_outlier_exposure_is_chosen_by_the_recipe_and_refuses_smoothed_labels():
+    chosen = losses.for_recipe(Recipe(outlier_fraction=0.1, outlier_weight=0.25))
+    assert isinstance(chosen, losses.OutlierExposure) and (chosen.fraction, chosen.weight) == (0.1, 0.25)
+    with pytest.raises(ValueError, match="label-smoothing 0"):
+        losses.for_recipe(Recipe(outlier_fraction=0.1, label_smoothing=0.1))
+
+
+def test_a_run_asking_for_outliers_with_smoothed_labels_is_refused_before_it_starts(tmp_path):
+    run = tmp_path / "run"
+    with pytest.raises(trainer.UsageError, match="outlier exposure"):  # seed_cnn's recipe smooths its labels
+        trainer.run(trainer.Config(output=str(run), recipe=dict(outlier_fraction=0.1), verbose=0),
+                    splits=synthetic.make_splits(train_per_class=4, test_per_class=2))
+    assert not run.exists()
+
+
+def test_a_run_trains_with_outliers_and_jpeg_images_and_records_it(tmp_path):
+    splits = synthetic.make_splits(train_per_class=16, test_per_class=4)
+    run = tmp_path / "run"
+    recipe = dict(epochs=2, batch_size=16, outlier_fraction=0.25, jpeg_fraction=0.25, label_smoothing=0.0)
+    trainer.run(trainer.Config(output=str(run), recipe=recipe, precision="float32", holdout=0, verbose=0), splits=splits)
+    manifest = json.loads((run / MANIFEST_FILE).read_text())
+    assert manifest["training"]["recipe"]["outlier_fraction"] == 0.25
+    assert manifest["training"]["recipe"]["jpeg_fraction"] == 0.25
+    assert len(report.read_history(str(run / "history.csv"))) == 2
