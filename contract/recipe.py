@@ -130,3 +130,19 @@ class Recipe:
             why = problem(field, getattr(self, field.name))
             if why:
                 raise ValueError(f"recipe {field.name}: {why}")
+
+    def augmentation(self):
+        """What the training images go through, in one line (the trainer's start line): ``off`` for nothing."""
+        parts = []
+        if self.augment:
+            flip = "alternating flip" if self.alternate_flips else "flip"
+            parts.append(f"crop(pad {self.crop_padding})+{flip}" if self.crop_padding else flip)
+        if self.corrupt_fraction > 0:
+            parts.append(f"corrupt({self.corrupt_fraction:g} of each batch: noise std up to {self.corrupt_noise:g}, "
+                         f"blur sigma up to {self.corrupt_blur:g} px)")
+        if self.jpeg_fraction > 0:
+            parts.append(f"jpeg({self.jpeg_fraction:g} of each batch: quality {self.jpeg_quality}-95)")
+        if self.outlier_fraction > 0:
+            parts.append(f"outliers({self.outlier_fraction:g} of each batch: patches shuffled, weight "
+                         f"{self.outlier_weight:g})")
+        return "+".join(parts) or "off"

@@ -147,7 +147,7 @@ def run(config, strategy=None, splits=None, clock=time.monotonic):
     _say(config, f"backend={backend} strategy={placement.name} hardware={placement.hardware} "
                  f"replicas={placement.replicas} global_batch={plan.global_batch} precision={plan.precision} "
                  f"model={config.model} epochs={recipe.epochs}{_budget_note(config)} lr={plan.learning_rate:.4g} schedule={recipe.schedule} "
-                 f"augment={_describe_augmentation(recipe)} "
+                 f"augment={recipe.augmentation()} "
                  f"steps_per_execution={plan.steps_per_execution} input_pipeline={plan.input_pipeline}")
 
     from train import backup
@@ -389,22 +389,6 @@ def _budget_note(config):
     if config.time_budget is None:
         return ""
     return f" (at most: a time budget of {config.time_budget:g} s chooses after the first steps)"
-
-
-def _describe_augmentation(recipe):
-    parts = []
-    if recipe.augment:
-        flip = "alternating flip" if recipe.alternate_flips else "flip"
-        parts.append(f"crop(pad {recipe.crop_padding})+{flip}" if recipe.crop_padding else flip)
-    if recipe.corrupt_fraction > 0:
-        parts.append(f"corrupt({recipe.corrupt_fraction:g} of each batch: noise std up to {recipe.corrupt_noise:g}, "
-                     f"blur sigma up to {recipe.corrupt_blur:g} px)")
-    if recipe.jpeg_fraction > 0:
-        parts.append(f"jpeg({recipe.jpeg_fraction:g} of each batch: quality {recipe.jpeg_quality}-95)")
-    if recipe.outlier_fraction > 0:
-        parts.append(f"outliers({recipe.outlier_fraction:g} of each batch: patches shuffled, weight "
-                     f"{recipe.outlier_weight:g})")
-    return "+".join(parts) or "off"
 
 
 def _say(config, line):

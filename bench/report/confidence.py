@@ -214,11 +214,13 @@ EXPOSURE = (("the recipe", "b1000-e12-c10"), ("the recipe", "epyc-b1000-e12-c10"
 
 def _exposure_row(report, label, tag, seed):
     """One run's figures: accuracy, the served energy's AUROC and verdicts on PNG and JPEG, the 75 corrupted sets."""
+    def measured(name):  # a record not every run has: None where it was not measured
+        return report[name] if name in report.records else None
+
     train = report[f"training-airbench_muon-{tag}-s{seed}"]
     png = report[f"ood-verdicts-airbench_muon-{tag}-h5000-png-s{seed}"]
-    jpeg = report.records.get(f"ood-jpeg-airbench_muon-{tag}-s{seed}") and report[f"ood-jpeg-airbench_muon-{tag}-s{seed}"]
-    robust = report.records.get(f"robustness-airbench_muon-{tag}-h5000-png-s{seed}") and (
-        report[f"robustness-airbench_muon-{tag}-h5000-png-s{seed}"])
+    jpeg = measured(f"ood-jpeg-airbench_muon-{tag}-s{seed}")
+    robust = measured(f"robustness-airbench_muon-{tag}-h5000-png-s{seed}")
     served = str(rules.PASS_RATE)
     return {"label": label, "seed": seed, "kind": kind(train), "heldout": train["heldout_accuracy"], "test": train["test_accuracy"],
             **{s: png["sets"][s]["energy"]["auroc"] for s in ("photos", "digits")},

@@ -42,8 +42,9 @@ def corruption_runs(report):
     runs = {}
     for name, rec in (run for pattern in CORRUPTION_RUNS for run in report.matching(pattern)):
         tag = name.removeprefix("training-airbench_muon-").rsplit("-s", 1)[0]
-        if tag != CONTROL and not rec["recipe"].get("corrupt_fraction") or any(
-                rec["recipe"].get(other) for other in ("outlier_fraction", "jpeg_fraction")):
+        if tag != CONTROL and not rec["recipe"].get("corrupt_fraction"):
+            continue
+        if rec["recipe"].get("outlier_fraction") or rec["recipe"].get("jpeg_fraction"):
             continue  # outlier exposure and JPEG training: against the recipe, in confidence.exposure
         seed = rec["seed"]
         robust, ood = (f"robustness-airbench_muon-b1000-e10-h5000-png-s{seed}", f"ood-verdicts-airbench_muon-h5000-png-s{seed}") \
