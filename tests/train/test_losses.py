@@ -110,3 +110,12 @@ def test_a_run_trains_with_outliers_and_jpeg_images_and_records_it(tmp_path):
     assert manifest["training"]["recipe"]["outlier_fraction"] == 0.25
     assert manifest["training"]["recipe"]["jpeg_fraction"] == 0.25
     assert len(report.read_history(str(run / "history.csv"))) == 2
+
+
+def test_the_start_line_names_every_augmentation_the_recipe_trains_with():
+    assert Recipe().augmentation() == "off"
+    recipe = Recipe(augment=True, alternate_flips=True, crop_padding=2, corrupt_fraction=0.1, jpeg_fraction=0.1,
+                    outlier_fraction=0.1)
+    assert recipe.augmentation() == ("crop(pad 2)+alternating flip+corrupt(0.1 of each batch: noise std up to 0.1, "
+                                     "blur sigma up to 1 px)+jpeg(0.1 of each batch: quality 30-95)+"
+                                     "outliers(0.1 of each batch: patches shuffled, weight 0.5)")
