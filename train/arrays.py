@@ -8,7 +8,9 @@ Keras fetches batches on worker threads while the accelerator runs the previous 
 
 Typical usage::
 
-    train_ds = arrays.train_dataset(x, y, global_batch=1024, augmentation=True, seed=0)
+    from contract.recipe import Recipe
+
+    train_ds = arrays.train_dataset(x, y, global_batch=1024, recipe=Recipe(augment=True), seed=0)
     model.fit(train_ds, epochs=10, validation_data=arrays.eval_dataset(x_test, y_test, 1024))
 """
 
@@ -125,19 +127,14 @@ class _Batches(keras.utils.PyDataset):
 
 
 class TrainBatches(_Batches):
-    """Shuffled, augmented float32 batches; the last partial batch of each epoch is dropped."""
+    """Shuffled float32 batches, augmented as ``recipe`` says (as ``data.train_dataset``); the last
+    partial batch of each epoch is dropped."""
 
-    def __init__(self, x, y, global_batch, augmentation=True, seed=None, crop_padding=4, num_classes=None,
-                 alternate_flips=False, shard=(0, 1), corrupt_fraction=0.0, corrupt_noise=0.1, corrupt_blur=1.0,
-                 jpeg_fraction=0.0, jpeg_quality=30, outlier_fraction=0.0):
+    def __init__(self, x, y, global_batch, recipe, seed=None, num_classes=None, shard=(0, 1)):
         super().__init__(global_batch, num_classes, shard)
-        self.jpeg = (jpeg_fraction, jpeg_quality)
-        self.outlier_fraction = outlier_fraction
-        self.x, self.y = x, y
-        self.corruption = (corrupt_fraction, corrupt_noise, corrupt_blur)
-        self.augmentation, self.crop_padding = augmentation, crop_padding
+        self.x, self.y, self.recipe = x, y, recipe
         self.seed = 0 if seed is None else seed
-        self.first_flips = first_flips(len(x), seed) if alternate_flips else None
+        self.first_flips = first_flips(len(x), seed) if recipe.alternate_flips else None
         self.epoch = 0
         self.order = self._shuffled()
 
@@ -149,16 +146,18 @@ class TrainBatches(_Batches):
         images = self.x[index]
         # One stream per (seed, epoch, batch): the same batch whichever thread (or process) makes it.
         rng = np.random.default_rng([self.seed, self.epoch, i])
-        if self.augmentation:
+        recipe = self.recipe
+        if recipe.augment:
             flips = None if self.first_flips is None else self.first_flips[index] ^ (self.epoch % 2 == 1)
-            images = augment(images, self.crop_padding, rng, flips, self.shard)
+            images = augment(images, recipe.crop_padding, rng, flips, self.shard)
         images = images.astype(np.float32)
-        if self.corruption[0] > 0:
-            images = corrupt(images, *self.corruption, rng, self.shard)
-        if self.jpeg[0] > 0:
-            images = compress(images, *self.jpeg, rng, self.shard)
-        if self.outlier_fraction > 0:
-            return expose(images, self.y[index], self.outlier_fraction, rng, self.shard)
+        if recipe.corrupt_fraction > 0:
+            images = corrupt(images, recipe.corrupt_fraction, recipe.corrupt_noise, recipe.corrupt_blur, rng,
+                             self.shard)
+        if recipe.jpeg_fraction > 0:
+            images = compress(images, recipe.jpeg_fraction, recipe.jpeg_quality, rng, self.shard)
+        if recipe.outlier_fraction > 0:
+            return expose(images, self.y[index], recipe.outlier_fraction, rng, self.shard)
         return images, self._labels(self.y[index])
 
     def on_epoch_end(self):

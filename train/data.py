@@ -281,28 +281,30 @@ def first_flips(count, seed):
     return np.random.default_rng([0 if seed is None else seed, 1]).random(count) < 0.5
 
 
-def train_dataset(x, y, global_batch, augmentation=True, seed=None, crop_padding=4, num_classes=None,
-                  alternate_flips=False, shard=(0, 1), corrupt_fraction=0.0, corrupt_noise=0.1, corrupt_blur=1.0,
-                  jpeg_fraction=0.0, jpeg_quality=30, outlier_fraction=0.0):
+def train_dataset(x, y, global_batch, recipe, seed=None, num_classes=None, shard=(0, 1)):
     """Shuffled, augmented, static-shape batches (``drop_remainder=True``), repeated per epoch.
 
+    ``recipe`` (a :class:`contract.recipe.Recipe`) says what the images go through, in this order:
+    with ``augment``, a random crop after ``crop_padding`` pixels of reflection padding and a flip;
+    then :func:`corrupt`'s share, noise and blur (``corrupt_*``; a share of 0: none); then
+    :func:`compress`'s share and lowest quality (``jpeg_*``); then :func:`expose`'s share
+    (``outlier_fraction``, integer labels only). Its other fields do not touch the input.
+
     Labels are one-hot over ``num_classes`` when it is given (for label smoothing), else integers.
-    With ``alternate_flips`` (and ``augmentation``) each image is mirrored in every other epoch,
+    With ``alternate_flips`` (and ``augment``) each image is mirrored in every other epoch,
     starting from :func:`first_flips`, rather than at random (airbench: more distinct views in few
     epochs); the dataset then repeats without end and counts its own epochs, from 0 again when a
     run resumes. ``shard=(index, count)``: this process's part of each global batch, for
     ``count`` processes that shuffle alike (same ``seed``) and each feed ``global_batch / count``
     images, so a batch is cut before anything but the cached decode touches its images. (The
     random augmentation is not reproducible batch for batch even in one process: the parallel map
-    takes its random numbers in whatever order its calls run.) ``corrupt_*``: :func:`corrupt`'s
-    share, noise and blur, after the crop and flip (a share of 0: none); then ``jpeg_*``: :func:`compress`'s
-    share and lowest quality; then ``outlier_fraction``: :func:`expose`'s share (integer labels only).
+    takes its random numbers in whatever order its calls run.)
     """
     import tensorflow as tf
 
     index, count = check_shard(shard, global_batch)
     local = global_batch // count
-    alternate = augmentation and alternate_flips
+    alternate = recipe.augment and recipe.alternate_flips
     columns = (x, y, first_flips(len(x), seed)) if alternate else (x, y)
     ds = tf.data.Dataset.from_tensor_slices(columns).cache()
     ds = ds.shuffle(len(x), seed=seed, reshuffle_each_iteration=True)
@@ -313,19 +315,21 @@ def train_dataset(x, y, global_batch, augmentation=True, seed=None, crop_padding
             lambda step, batch: (batch[0], batch[1], tf.not_equal(batch[2], (step // steps) % 2 == 1)))
     if count > 1:
         ds = ds.map(lambda *batch: tuple(column[index * local:(index + 1) * local] for column in batch))
-    if augmentation:
-        ds = ds.map(lambda images, labels, *flips: (augment(images, crop_padding, *flips, shard=(index, count)), labels),
-                    num_parallel_calls=tf.data.AUTOTUNE)
+    if recipe.augment:
+        ds = ds.map(lambda images, labels, *flips: (
+            augment(images, recipe.crop_padding, *flips, shard=(index, count)), labels),
+            num_parallel_calls=tf.data.AUTOTUNE)
     ds = ds.map(lambda images, labels: (tf.cast(images, tf.float32), _labels(tf, labels, num_classes)))
-    if corrupt_fraction > 0:
-        ds = ds.map(lambda images, labels: (corrupt(images, corrupt_fraction, corrupt_noise, corrupt_blur,
-                                                    shard=(index, count)), labels),
+    if recipe.corrupt_fraction > 0:
+        ds = ds.map(lambda images, labels: (corrupt(images, recipe.corrupt_fraction, recipe.corrupt_noise,
+                                                    recipe.corrupt_blur, shard=(index, count)), labels),
                     num_parallel_calls=tf.data.AUTOTUNE)
-    if jpeg_fraction > 0:
-        ds = ds.map(lambda images, labels: (compress(images, jpeg_fraction, jpeg_quality, shard=(index, count)), labels),
-                    num_parallel_calls=tf.data.AUTOTUNE)
-    if outlier_fraction > 0:
-        ds = ds.map(lambda images, labels: expose(images, labels, outlier_fraction, shard=(index, count)),
+    if recipe.jpeg_fraction > 0:
+        ds = ds.map(lambda images, labels: (
+            compress(images, recipe.jpeg_fraction, recipe.jpeg_quality, shard=(index, count)), labels),
+            num_parallel_calls=tf.data.AUTOTUNE)
+    if recipe.outlier_fraction > 0:
+        ds = ds.map(lambda images, labels: expose(images, labels, recipe.outlier_fraction, shard=(index, count)),
                     num_parallel_calls=tf.data.AUTOTUNE)
     return ds.prefetch(tf.data.AUTOTUNE)
 

@@ -279,12 +279,8 @@ def _fit(config, plan, placement, splits, workdir, started, clock):
     labels = num_classes if losses.one_hot(recipe) else None
     pipelines = _pipelines(plan.input_pipeline)
     shard = _shard(placement)  # several processes: each feeds its own part of every global batch
-    train_ds = pipelines.train_dataset(splits.x_train, splits.y_train, plan.global_batch, recipe.augment,
-                                       seed=config.seed, crop_padding=recipe.crop_padding, num_classes=labels,
-                                       alternate_flips=recipe.alternate_flips, shard=shard,
-                                       corrupt_fraction=recipe.corrupt_fraction, corrupt_noise=recipe.corrupt_noise,
-                                       corrupt_blur=recipe.corrupt_blur, jpeg_fraction=recipe.jpeg_fraction,
-                                       jpeg_quality=recipe.jpeg_quality, outlier_fraction=recipe.outlier_fraction)
+    train_ds = pipelines.train_dataset(splits.x_train, splits.y_train, plan.global_batch, recipe, seed=config.seed,
+                                       num_classes=labels, shard=shard)
     val_ds = pipelines.eval_dataset(splits.x_test, splits.y_test, plan.global_batch, num_classes=labels, shard=shard)
 
     # A run resumed after a kill keeps the length an earlier process chose, budget flag or not: its

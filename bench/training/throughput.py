@@ -21,6 +21,7 @@ import keras
 import tensorflow as tf
 
 from bench import record
+from contract.recipe import Recipe
 from train import data, models
 
 
@@ -70,7 +71,7 @@ def main(argv=None):
     args = p.parse_args(argv)
 
     splits = data.load(args.data)
-    pipeline = data.train_dataset(splits.x_train, splits.y_train, args.batch_size, augmentation=True, seed=0).repeat()
+    pipeline = data.train_dataset(splits.x_train, splits.y_train, args.batch_size, Recipe(augment=True), seed=0).repeat()
     first = next(iter(pipeline))
     in_memory = tf.data.Dataset.from_tensors(first).repeat()
 

@@ -3,6 +3,7 @@
 import numpy as np
 
 import synthetic
+from contract.recipe import Recipe
 from train import arrays, data
 
 
@@ -10,7 +11,7 @@ def test_training_batches_are_whole_shuffled_float32_and_cover_each_image_once_p
     x, y = synthetic.make_images(7)  # 21 images, 2 whole batches of 8
     x = x.copy()
     x[:, 0, 0, 0] = np.arange(len(x))  # tag each image so a batch can be traced back
-    batches = arrays.train_dataset(x, y, global_batch=8, augmentation=False, seed=3)
+    batches = arrays.train_dataset(x, y, global_batch=8, recipe=Recipe(), seed=3)
     assert len(batches) == 2
     seen = []
     for i in range(len(batches)):
@@ -42,13 +43,13 @@ def test_augmentation_crops_a_window_of_the_reflection_padded_image_and_flips():
 
 def test_augmented_batches_are_the_same_whichever_thread_makes_them():
     x, y = synthetic.make_images(10)
-    batches = arrays.train_dataset(x, y, global_batch=8, augmentation=True, seed=5, crop_padding=2)
+    batches = arrays.train_dataset(x, y, global_batch=8, recipe=Recipe(augment=True, crop_padding=2), seed=5)
     np.testing.assert_array_equal(batches[1][0], batches[1][0])
 
 
 def test_one_hot_labels_for_label_smoothing():
     x, y = synthetic.make_images(4)
-    images, labels = arrays.train_dataset(x, y, global_batch=4, augmentation=False, num_classes=3)[0]
+    images, labels = arrays.train_dataset(x, y, global_batch=4, recipe=Recipe(), num_classes=3)[0]
     assert labels.shape == (4, 3) and labels.dtype == np.float32
     np.testing.assert_array_equal(labels.sum(axis=1), 1)
 
@@ -83,15 +84,18 @@ def _mirrored_by_epoch(batches_of_each_epoch, count):
     return result
 
 
+ALTERNATING = Recipe(augment=True, crop_padding=0, alternate_flips=True)
+
+
 def test_alternating_flips_mirror_each_image_in_every_other_epoch_in_both_pipelines():
     import itertools
 
     x, y = _marked(32)
     first = data.first_flips(len(x), seed=7)
     assert 0 < first.sum() < len(x)
-    tf_batches = iter(data.train_dataset(x, y, global_batch=8, seed=7, crop_padding=0, alternate_flips=True))
+    tf_batches = iter(data.train_dataset(x, y, global_batch=8, recipe=ALTERNATING, seed=7))
     tf_epochs = [list(itertools.islice(tf_batches, 4)) for _ in range(3)]  # repeats without end: 4 steps an epoch
-    numpy_batches = arrays.train_dataset(x, y, global_batch=8, seed=7, crop_padding=0, alternate_flips=True)
+    numpy_batches = arrays.train_dataset(x, y, global_batch=8, recipe=ALTERNATING, seed=7)
     numpy_epochs = []
     for _ in range(3):
         numpy_epochs.append([numpy_batches[i] for i in range(len(numpy_batches))])
@@ -102,6 +106,6 @@ def test_alternating_flips_mirror_each_image_in_every_other_epoch_in_both_pipeli
         np.testing.assert_array_equal(mirrored[1], ~first)
         np.testing.assert_array_equal(mirrored[2], first)
     # Random flips, as before, when the recipe does not ask for alternation.
-    random = arrays.train_dataset(x, y, global_batch=8, seed=7, crop_padding=0)
+    random = arrays.train_dataset(x, y, global_batch=8, recipe=Recipe(augment=True, crop_padding=0), seed=7)
     mirrored = _mirrored_by_epoch([[random[i] for i in range(len(random))]], len(x))[0]
     assert not np.array_equal(mirrored, first) and 0 < mirrored.sum() < len(x)

@@ -3,6 +3,7 @@
 import numpy as np
 import pytest
 
+from contract.recipe import Recipe
 from train import arrays, corruption, data
 
 
@@ -66,7 +67,7 @@ def test_the_training_pipeline_corrupts_its_share_of_each_batch(pipeline):
     count = 512
     x = np.repeat(np.arange(count, dtype=np.float32)[:, None] % 200 + 20, 32 * 32 * 3, axis=1).reshape(count, 32, 32, 3)
     y = np.arange(count) % 3
-    options = dict(augmentation=False, seed=0, corrupt_fraction=0.5, corrupt_noise=0.1, corrupt_blur=1.0)
+    options = dict(recipe=Recipe(corrupt_fraction=0.5, corrupt_noise=0.1, corrupt_blur=1.0), seed=0)
     if pipeline == "tf.data":
         batches = [images.numpy() for images, _ in data.train_dataset(x.astype(np.uint8), y, 128, **options).take(4)]
     else:
@@ -76,8 +77,8 @@ def test_the_training_pipeline_corrupts_its_share_of_each_batch(pipeline):
     changed = images.reshape(len(images), -1).std(axis=1) > 0.01
     # Blurring a flat image changes nothing: the changed ones are the noisy quarter.
     assert 0.17 < changed.mean() < 0.33
-    clean = data.train_dataset(x.astype(np.uint8), y, 128, augmentation=False, seed=0) if pipeline == "tf.data" else (
-        arrays.train_dataset(x.astype(np.uint8), y, 128, augmentation=False, seed=0))
+    clean = data.train_dataset(x.astype(np.uint8), y, 128, Recipe(), seed=0) if pipeline == "tf.data" else (
+        arrays.train_dataset(x.astype(np.uint8), y, 128, Recipe(), seed=0))
     first = next(iter(clean))[0] if pipeline == "tf.data" else clean[0][0]
     assert np.asarray(first).reshape(128, -1).std(axis=1).max() == 0, "no corruption unless the recipe asks"
 
@@ -125,7 +126,7 @@ def test_the_training_pipeline_replaces_its_share_of_each_batch_by_outliers(pipe
     count = 512
     x = np.random.default_rng(0).integers(0, 256, (count, 32, 32, 3), dtype=np.uint8)
     y = np.arange(count) % 10
-    options = dict(augmentation=False, seed=0, outlier_fraction=0.2)
+    options = dict(recipe=Recipe(outlier_fraction=0.2), seed=0)
     if pipeline == "tf.data":
         labels = np.concatenate([b.numpy() for _, b in data.train_dataset(x, y, 128, **options).take(4)])
     else:
@@ -179,7 +180,7 @@ def test_the_training_pipeline_compresses_its_share_of_each_batch(pipeline):
     count = 512
     x = np.random.default_rng(0).integers(0, 256, (count, 32, 32, 3), dtype=np.uint8)
     y = np.arange(count) % 10
-    options = dict(augmentation=False, seed=0, jpeg_fraction=0.25, jpeg_quality=50)
+    options = dict(recipe=Recipe(jpeg_fraction=0.25, jpeg_quality=50), seed=0)
     if pipeline == "tf.data":
         dataset = data.train_dataset(x, y, 128, **options)
         batches = [(images.numpy(), labels.numpy()) for images, labels in dataset.take(4)]

@@ -19,6 +19,7 @@ import pytest
 import synthetic
 from multiprocess_run import DEADLINE_S, FLAGS, REPO, WORKER, digests, finish, log_tail
 from contract import MANIFEST_FILE, WEIGHTS_FILE
+from contract.recipe import Recipe
 
 GLOBAL_BATCH = 16
 EPOCHS = 3
@@ -163,7 +164,8 @@ def test_the_parts_of_a_global_batch_are_the_batch_one_process_makes(pipeline):
 
     def batches(shard, count=2):
         tf.random.set_seed(7)  # what keras.utils.set_random_seed does in every process
-        train = module.train_dataset(splits.x_train, splits.y_train, 16, pipeline == "arrays", seed=7, shard=shard)
+        train = module.train_dataset(splits.x_train, splits.y_train, 16, Recipe(augment=pipeline == "arrays"), seed=7,
+                                     shard=shard)
         evaluation = module.eval_dataset(splits.x_test, splits.y_test, 16, shard=shard)
         if pipeline == "data":
             return [[np.asarray(t) for t in b] for b in list(train)[:count]], [[np.asarray(t) for t in b] for b in evaluation]

@@ -10,6 +10,7 @@ import pytest
 
 import synthetic
 from contract import MANIFEST_FILE, SAMPLES_FILE, WEIGHTS_FILE
+from contract.recipe import Recipe
 from train import cli, data, hardware, models, report, tf_devices, trainer
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -232,7 +233,7 @@ def test_training_batches_have_static_shapes_and_augmentation_crops_and_flips():
     import tensorflow as tf
 
     x, y = synthetic.make_images(10)
-    ds = data.train_dataset(x, y, global_batch=8, augmentation=True, seed=1)
+    ds = data.train_dataset(x, y, global_batch=8, recipe=Recipe(augment=True), seed=1)
     assert ds.element_spec[0].shape == (8, 32, 32, 3), "drop_remainder gives the static shape a TPU needs"
     images = tf.constant(x[:16])
     out = data.augment(images).numpy()
