@@ -135,31 +135,49 @@ SMOOTHING_COLUMNS = {"heldout": pct, "test": lambda x: pct(x, 1), **{s: "{:.3f}"
                      "flagged": lambda x: pct(x, 1), "photos_flagged": lambda x: pct(x, 1)}
 
 
+def _served_run(train, energy, sets):
+    """A run's figures from its training record and its served energy (``bench.confidence.ood``): accuracy,
+    the AUROC on each of ``sets``, and the test images and photos flagged at the served pass rate."""
+    served = energy["verdicts"][str(rules.PASS_RATE)]
+    return {"seed": train["seed"], "kind": kind(train), "heldout": train["heldout_accuracy"], "test": train["test_accuracy"],
+            **{s: energy["sets"][s]["energy"]["auroc"] for s in sets},
+            "flagged": served["test_flagged"], "photos_flagged": served["sets"]["photos"]}
+
+
+def _seed_rows(groups, columns):
+    """Table rows: each group's runs (``[(label, runs)]``), then its mean where it has several seeds; a
+    figure a run lacks (None) is blank, and so is a mean over it."""
+    rows = []
+    for label, runs in groups:
+        for run in runs:
+            rows.append([label, run["seed"], *("" if run[k] is None else fmt(run[k]) for k, fmt in columns.items()),
+                         run["kind"]])
+        if len(runs) > 1:
+            rows.append([f"{label}: mean of {len(runs)} seeds", "", *(
+                "" if None in (values := [run[k] for run in runs]) else fmt(statistics.mean(values))
+                for k, fmt in columns.items()), ""])
+    return rows
+
+
+def _mean(runs, key):
+    return statistics.mean(run[key] for run in runs)
+
+
 @region("airbench-smoothing")
 def airbench_smoothing(report):
     """`airbench` with and without label smoothing, run by run, with each group's mean."""
-    served, rows, groups = str(rules.PASS_RATE), [], {}
-    for label, tag in SMOOTHING:
-        runs = []
-        for name, train in report.matching(f"training-airbench-{tag}-s*"):
-            energy = report[f"ood-verdicts-airbench-{tag}-h5000-png-s{train['seed']}"]
-            runs.append({"heldout": train["heldout_accuracy"], "test": train["test_accuracy"],
-                         **{s: energy["sets"][s]["energy"]["auroc"] for s in SETS},
-                         "flagged": energy["verdicts"][served]["test_flagged"],
-                         "photos_flagged": energy["verdicts"][served]["sets"]["photos"]})
-            rows.append([label, train["seed"], *(fmt(runs[-1][k]) for k, fmt in SMOOTHING_COLUMNS.items()), kind(train)])
-        rows.append([f"{label}: mean of {len(runs)} seeds", "",
-                     *(fmt(statistics.mean(run[k] for run in runs)) for k, fmt in SMOOTHING_COLUMNS.items()), ""])
-        groups[tag] = {k: statistics.mean(run[k] for run in runs) for k in SMOOTHING_COLUMNS}
+    groups = {tag: [_served_run(train, report[f"ood-verdicts-airbench-{tag}-h5000-png-s{train['seed']}"], SETS)
+                    for _, train in report.matching(f"training-airbench-{tag}-s*")] for _, tag in SMOOTHING}
     smoothed, plain = groups["smoothing20"], groups["smoothing0"]
     names = [n for n, _ in report.matching("ood-verdicts-airbench-smoothing0-h5000-png-s*")]
-    report.target("`airbench` without label smoothing: photos AUROC ≥ 0.95 (mean over seeds)", plain["photos"], 0.95,
+    report.target("`airbench` without label smoothing: photos AUROC ≥ 0.95 (mean over seeds)", _mean(plain, "photos"), 0.95,
                   "{:.3f}", names)
     report.target("`airbench` without label smoothing: no set's AUROC below the smoothed runs' (means over seeds)",
-                  sum(plain[s] < smoothed[s] for s in SETS), 0, "{} of 7 below", names, at_least=False)
+                  sum(_mean(plain, s) < _mean(smoothed, s) for s in SETS), 0, "{} of 7 below", names, at_least=False)
     report.target("`airbench` without label smoothing: ≤ 0.3 points of held-out accuracy lost (mean over seeds)",
-                  (plain["heldout"] - smoothed["heldout"]) * 100, -0.3, "{:+.2f} pt",
+                  (_mean(plain, "heldout") - _mean(smoothed, "heldout")) * 100, -0.3, "{:+.2f} pt",
                   [n for n, _ in report.matching("training-airbench-smoothing0-s*")])
+    rows = _seed_rows([(label, groups[tag]) for label, tag in SMOOTHING], SMOOTHING_COLUMNS)
     return table(["`airbench`, `--holdout 5000`", "seed", "held-out accuracy (5,000)", "test accuracy (1,000)",
                   *(f"{s} AUROC" for s in SETS), "test images flagged", "photos flagged", "machine kind"], rows)
 
@@ -249,21 +267,17 @@ EXPOSURE = (("the recipe", "b1000-e12-c10"), ("the recipe", "epyc-b1000-e12-c10"
             ("with 10% re-encoded as JPEG (quality 30-95)", "b1000-e12-c10-j10"))
 
 
-def _exposure_row(report, label, tag, seed):
+def _exposure_run(report, tag, train):
     """One run's figures: accuracy, the served energy's AUROC and verdicts on PNG and JPEG, the 75 corrupted sets."""
     def measured(name):  # a record not every run has: None where it was not measured
         return report[name] if name in report.records else None
 
-    train = report[f"training-airbench_muon-{tag}-s{seed}"]
-    png = report[f"ood-verdicts-airbench_muon-{tag}-h5000-png-s{seed}"]
+    seed = train["seed"]
+    run = _served_run(train, report[f"ood-verdicts-airbench_muon-{tag}-h5000-png-s{seed}"], ("photos", "digits"))
     jpeg = measured(f"ood-jpeg-airbench_muon-{tag}-s{seed}")
     robust = measured(f"robustness-airbench_muon-{tag}-h5000-png-s{seed}")
-    served = str(rules.PASS_RATE)
-    return {"label": label, "seed": seed, "kind": kind(train), "heldout": train["heldout_accuracy"], "test": train["test_accuracy"],
-            **{s: png["sets"][s]["energy"]["auroc"] for s in ("photos", "digits")},
-            "flagged": png["verdicts"][served]["test_flagged"], "photos_flagged": png["verdicts"][served]["sets"]["photos"],
-            "jpeg_flagged": jpeg and jpeg["verdicts"][served]["test_flagged"], "jpeg_accuracy": jpeg and jpeg["accuracy"],
-            "corrupted": robust and robust["summary"]["all"]["accuracy"]}
+    return {**run, "jpeg_flagged": jpeg and jpeg["verdicts"][str(rules.PASS_RATE)]["test_flagged"],
+            "jpeg_accuracy": jpeg and jpeg["accuracy"], "corrupted": robust and robust["summary"]["all"]["accuracy"]}
 
 
 EXPOSURE_COLUMNS = {"heldout": pct, "test": lambda x: pct(x, 1), "photos": "{:.3f}".format, "digits": "{:.3f}".format,
@@ -274,27 +288,18 @@ EXPOSURE_COLUMNS = {"heldout": pct, "test": lambda x: pct(x, 1), "photos": "{:.3
 @region("exposure")
 def exposure(report):
     """Outlier exposure and JPEG training against the recipe, run by run, with the means of each group of seeds."""
-    rows, groups = [], {}
-    for label, tag in EXPOSURE:
-        runs = [_exposure_row(report, label, tag, rec["seed"]) for _, rec in report.matching(f"training-airbench_muon-{tag}-s*")]
-        groups[tag] = runs
-        for run in runs:
-            rows.append([run["label"], run["seed"], *("" if run[k] is None else fmt(run[k]) for k, fmt in EXPOSURE_COLUMNS.items()),
-                         run["kind"]])
-        if len(runs) > 1:
-            rows.append([f"{label}: mean of {len(runs)} seeds", "", *(
-                "" if None in (values := [run[k] for run in runs]) else fmt(statistics.mean(values))
-                for k, fmt in EXPOSURE_COLUMNS.items()), ""])
+    groups = {tag: [_exposure_run(report, tag, train) for _, train in report.matching(f"training-airbench_muon-{tag}-s*")]
+              for _, tag in EXPOSURE}
     recipe, exposed = groups["b1000-e12-c10"], groups["b1000-e12-c10-oe10"]
     names = [f"ood-verdicts-airbench_muon-b1000-e12-c10-oe10-h5000-png-s{run['seed']}" for run in exposed]
-    mean = lambda runs, key: statistics.mean(run[key] for run in runs)  # noqa: E731
     report.target("`airbench_muon`, its recipe with outlier exposure: photos AUROC ≥ 0.95 (mean over seeds)",
-                  mean(exposed, "photos"), 0.95, "{:.3f}", names)
+                  _mean(exposed, "photos"), 0.95, "{:.3f}", names)
     report.target("`airbench_muon` with outlier exposure: digits AUROC no lower than the recipe's (mean over seeds)",
-                  mean(exposed, "digits") - mean(recipe, "digits"), 0.0, "{:+.3f}", names)
+                  _mean(exposed, "digits") - _mean(recipe, "digits"), 0.0, "{:+.3f}", names)
     report.target("`airbench_muon` with outlier exposure: ≤ 0.3 points of held-out accuracy lost against the recipe "
-                  "(mean over seeds)", (mean(exposed, "heldout") - mean(recipe, "heldout")) * 100, -0.3, "{:+.2f} pt",
+                  "(mean over seeds)", (_mean(exposed, "heldout") - _mean(recipe, "heldout")) * 100, -0.3, "{:+.2f} pt",
                   [f"training-airbench_muon-b1000-e12-c10-oe10-s{run['seed']}" for run in exposed])
+    rows = _seed_rows([(label, groups[tag]) for label, tag in EXPOSURE], EXPOSURE_COLUMNS)
     return table(["`airbench_muon`, batch 1,000, 12 epochs, 10% corrupted, `--holdout 5000`", "seed",
                   "held-out accuracy (5,000)", "test accuracy (1,000)", "photos AUROC", "digits AUROC",
                   "test images flagged", "photos flagged", "JPEG mirror's test images flagged (10,000)",
