@@ -10,15 +10,12 @@ The test split is never used. What it fitted is the published manifest's
 from it, in NumPy, for export's checks of every written model.
 """
 
-import os
-
 import numpy as np
 
 from contract import HOLDOUT_FILE, IMAGE_SIZE, OUTPUT_IN_DISTRIBUTION, OUTPUT_OOD_SCORE, OUTPUT_PROBABILITIES
 from contract import confidence as rules
 from contract import published as publications
-from contract import sha256_file
-from export import ExportError
+from export import read_images
 
 BATCH = 500  # images per call when computing logits
 
@@ -51,7 +48,7 @@ def fit(logits_model, manifest, run_dir):
             temperature=1.0, calibrated=False, ood=publications.Ood(**method, threshold=None),
             why="the run kept no training images out of training (python -m train --holdout N), and the "
                 "test split is never used to fit anything")
-    images, labels = read_holdout(run_dir, manifest.holdout)
+    images, labels = read_images(run_dir, manifest.holdout)
     z = logits(logits_model, images)
     fitted = rules.fit_temperature(z, labels)
     scores = rules.score(z)
@@ -78,21 +75,3 @@ def fit(logits_model, manifest, run_dir):
         ood=publications.Ood(**method, threshold=threshold, pass_rate=rules.PASS_RATE,
                           held_out_passing=float(np.mean(rules.in_distribution(scores, threshold)))),
     )
-
-
-def read_holdout(run_dir, holdout):
-    """The held-out uint8 images and int64 labels the manifest describes; :class:`ExportError` if they are not."""
-    path = os.path.join(run_dir, holdout.file)
-    if not os.path.isfile(path):
-        raise ExportError(f"the run's manifest names held-out images, but {path} is missing")
-    if sha256_file(path) != holdout.sha256:
-        raise ExportError(f"{path} is not the file the run's manifest describes (sha256 differs)")
-    try:
-        with np.load(path, allow_pickle=False) as data:
-            images, labels = data["images"], data["labels"]
-    except (OSError, ValueError, KeyError) as exc:
-        raise ExportError(f"cannot read {path}: {exc}") from None
-    if images.dtype != np.uint8 or images.shape[1:] != (IMAGE_SIZE, IMAGE_SIZE, 3) or labels.shape != (len(images),):
-        raise ExportError(f"{path} holds {images.dtype} images {list(images.shape)} and labels {list(labels.shape)}, "
-                          f"not uint8 [N, {IMAGE_SIZE}, {IMAGE_SIZE}, 3] and [N]")
-    return images, labels.astype(np.int64)

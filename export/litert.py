@@ -33,7 +33,6 @@ import sys
 import warnings
 
 from contract import (
-    CHANNELS,
     IMAGE_SIZE,
     INPUT_PIXELS,
     LITERT_FILE,
@@ -44,10 +43,9 @@ from contract import (
     RUNTIME_LITERT_INT8,
     SAMPLES_FILE,
     SIGNATURE_PIXELS,
-    sha256_file,
 )
 from contract import published as publications
-from export import ExportError
+from export import ExportError, one_line, read_images
 from export.savedmodel import CONFIDENCE_SCOPE
 
 #: Runtime names, as the server's SERVE_RUNTIME spells them, and the file each one loads.
@@ -98,7 +96,8 @@ def export(version_dir, run_dir, samples, verbose=1):
 
     reference = tf.saved_model.load(version_dir).signatures[SIGNATURE_PIXELS]
 
-    arrays = read_samples(run_dir, samples)
+    calibration, _ = read_images(run_dir, samples, "train_")
+    test_images, test_labels = read_images(run_dir, samples, "test_")
     has_score = OUTPUT_OOD_SCORE in reference.structured_outputs
     # Each model runs once over the test images for the outputs that are checked, not once an output.
     checked = (OUTPUT_PROBABILITIES, OUTPUT_OOD_SCORE) if has_score else (OUTPUT_PROBABILITIES,)
@@ -107,7 +106,6 @@ def export(version_dir, run_dir, samples, verbose=1):
         answers = reference(**{INPUT_PIXELS: tf.constant(images)})
         return {name: answers[name].numpy() for name in checked}
 
-    test_images, test_labels = arrays["test_images"], arrays["test_labels"]
     reference_answers = _batched(savedmodel, test_images)
     expected = reference_answers[OUTPUT_PROBABILITIES]
     checks = {}
@@ -118,7 +116,7 @@ def export(version_dir, run_dir, samples, verbose=1):
         try:
             content = convert()
         except Exception as exc:  # the converter raises many types; each means this model is not made
-            entry.update(published=False, reason=f"conversion failed: {_one_line(exc)}")
+            entry.update(published=False, reason=f"conversion failed: {one_line(exc)}")
             return _say(entry, runtime, verbose)
         answers = _batched(runner(content, checked), test_images)
         entry.update(measure(answers[OUTPUT_PROBABILITIES], expected, test_labels), bytes=len(content))
@@ -147,7 +145,6 @@ def export(version_dir, run_dir, samples, verbose=1):
         return None
 
     publish(RUNTIME_LITERT, lambda: convert_float(version_dir), float_check)
-    calibration = arrays["train_images"]
     made = []
 
     def int8():
@@ -172,32 +169,6 @@ def int8_refusal(agreement, images):
         return (f"it gives the SavedModel's class on {agreement:.2%} of {images} test images, "
                 f"under the {AGREEMENT_GATE:.1%} gate")
     return None
-
-
-def read_samples(run_dir, samples):
-    """The run's samples (as ``samples``, a :class:`contract.manifest.Samples`, describes them) as uint8 images
-    and int64 labels; :class:`export.ExportError` saying what is wrong."""
-    import numpy as np
-
-    path = os.path.join(run_dir, samples.file)
-    if not os.path.isfile(path):
-        raise ExportError(f"the run's manifest names {samples.file}, but {path} is missing")
-    if sha256_file(path) != samples.sha256:
-        raise ExportError(f"{path} is not the file the run's manifest describes (sha256 differs)")
-    try:
-        with np.load(path, allow_pickle=False) as data:
-            samples = {key: data[key] for key in ("train_images", "train_labels", "test_images", "test_labels")}
-    except (OSError, ValueError, KeyError) as exc:
-        raise ExportError(f"cannot read {path}: {_one_line(exc)}") from None
-    for split in ("train", "test"):
-        images, labels = samples[f"{split}_images"], samples[f"{split}_labels"]
-        if images.dtype != np.uint8 or images.shape[1:] != (IMAGE_SIZE, IMAGE_SIZE, CHANNELS) or not len(images):
-            raise ExportError(f"{SAMPLES_FILE} {split}_images is {images.dtype} {list(images.shape)}, "
-                              f"not uint8 [N, {IMAGE_SIZE}, {IMAGE_SIZE}, {CHANNELS}] with N > 0")
-        if labels.shape != (len(images),):
-            raise ExportError(f"{SAMPLES_FILE} has {len(images)} {split}_images but {split}_labels of shape "
-                              f"{list(labels.shape)}")
-    return samples
 
 
 def convert_float(saved_model_dir):
@@ -315,7 +286,3 @@ def _say(entry, runtime, verbose):
               f"{entry['images']} images{accuracy}, {entry['bytes'] / 1e6:.1f} MB")
     return entry
 
-
-def _one_line(exc):
-    text = " ".join(str(exc).split())
-    return (text[:300] or type(exc).__name__)

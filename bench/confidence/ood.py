@@ -206,9 +206,9 @@ def main(argv=None):
         parser.error(f"the zip's classes {classes} are not the model's {manifest.class_names}")
     held_out = None
     if manifest.holdout is not None:
-        from export.calibration import read_holdout
+        from export import read_images
 
-        held_out, _ = read_holdout(args.run, manifest.holdout)
+        held_out, _ = read_images(args.run, manifest.holdout)
     result = measure(logits, images, labels, ood_sets.make(), exported, held_out)
     result.update(run=os.path.abspath(args.run), data=os.path.basename(args.data), version_dir=args.version_dir)
     print(table(result))

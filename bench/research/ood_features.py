@@ -74,14 +74,14 @@ def feature_views(model):
 
 def run_images(run_dir, manifest, data):
     """``(training images trained on, their labels, held-out images, their labels)``, as the trainer split them."""
-    from export.calibration import read_holdout
+    from export import read_images
     from train import data as loader
 
     if manifest.holdout is None:
         raise SystemExit(f"{run_dir} kept no held-out slice (python -m train --holdout N): the scores' "
                          "parameters and the fusion are chosen on it")
     splits, held = loader.hold_out(loader.load(data), manifest.holdout.images)
-    images, labels = read_holdout(run_dir, manifest.holdout)
+    images, labels = read_images(run_dir, manifest.holdout)
     if not np.array_equal(images, held.images):
         raise SystemExit(f"{data} does not hold the training images {run_dir} was trained on (held-out slice differs)")
     return splits.x_train, splits.y_train, images, labels

@@ -85,7 +85,7 @@ def measure(groups, sets, selection_sets):
 
 
 def main(argv=None):
-    from export.calibration import read_holdout
+    from export import read_images
 
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--run", required=True, help="a finished training run of airbench's family with a held-out slice")
@@ -98,7 +98,7 @@ def main(argv=None):
     _, test_images, _, classes = test_split(args.data)
     if classes != manifest.class_names:
         parser.error(f"the zip's classes {classes} are not the model's {manifest.class_names}")
-    held_images, _ = read_holdout(args.run, manifest.holdout)
+    held_images, _ = read_images(args.run, manifest.holdout)
     sets, selection = ood_sets.make(), ood_sets.make(seed=SELECTION_SEED)
     images = {"held_out": held_images, "test": test_images,
               **{f"report/{s}": x for s, x in sets.items()}, **{f"selection/{s}": x for s, x in selection.items()}}

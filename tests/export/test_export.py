@@ -5,6 +5,8 @@ import dataclasses
 import io
 import json
 import os
+import re
+import types
 
 import numpy as np
 import pytest
@@ -26,6 +28,7 @@ from contract import (
     SIGNATURE_PIXELS,
     WARMUP_FILE,
     WEIGHTS_FILE,
+    sha256_file,
 )
 from contract import manifest as manifests
 from contract import published as publications
@@ -448,3 +451,42 @@ def test_skip_if_exported_names_the_version_holding_these_weights(trained_run, m
     assert code == 0
     assert capsys.readouterr().out.strip() == f"already exported as {model_base / '1'}"
     assert sorted(os.listdir(model_base)) == before, "nothing new was written"
+
+
+def _arrays_file(path, **arrays):
+    """``arrays`` saved at ``path``, and the manifest's kind of entry describing that file."""
+    np.savez(path, **arrays)
+    return types.SimpleNamespace(file=path.name, sha256=sha256_file(path))
+
+
+@pytest.mark.parametrize(
+    "arrays, message",
+    [
+        ({"test_images": np.zeros((2, 32, 32, 3), np.float32), "test_labels": np.zeros(2)},
+         "holds float32 test_images [2, 32, 32, 3] and test_labels [2], not uint8 [N, 32, 32, 3] and [N], N > 0"),
+        ({"test_images": np.zeros((2, 32, 32, 3), np.uint8), "test_labels": np.zeros(3)}, "test_labels [3], not uint8"),
+        ({"test_images": np.zeros((0, 32, 32, 3), np.uint8), "test_labels": np.zeros(0)}, "N > 0"),
+        ({"test_images": np.zeros((2, 32, 32, 3), np.uint8)}, "cannot read"),
+    ],
+    ids=["float-images", "labels-miscounted", "no-images", "no-labels"],
+)
+def test_a_runs_image_file_that_is_not_images_and_labels_is_refused_saying_what_it_holds(tmp_path, arrays, message):
+    from export import ExportError, read_images
+
+    entry = _arrays_file(tmp_path / "samples.npz", **arrays)
+    with pytest.raises(ExportError, match=re.escape(message)):
+        read_images(tmp_path, entry, "test_")
+
+
+def test_a_runs_image_file_is_read_only_as_the_manifest_describes_it(tmp_path):
+    from export import ExportError, read_images
+
+    entry = _arrays_file(tmp_path / "holdout.npz", images=np.full((3, 32, 32, 3), 7, np.uint8), labels=np.arange(3))
+    images, labels = read_images(tmp_path, entry)
+    assert images.dtype == np.uint8 and images.shape == (3, 32, 32, 3) and labels.dtype == np.int64
+    np.savez(tmp_path / "holdout.npz", images=images[:2], labels=labels[:2])
+    with pytest.raises(ExportError, match=r"sha256 differs"):
+        read_images(tmp_path, entry)
+    os.remove(tmp_path / "holdout.npz")
+    with pytest.raises(ExportError, match=r"the run's manifest names holdout.npz, but .* is missing"):
+        read_images(tmp_path, entry)
