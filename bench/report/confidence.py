@@ -304,3 +304,19 @@ def exposure(report):
                   "held-out accuracy (5,000)", "test accuracy (1,000)", "photos AUROC", "digits AUROC",
                   "test images flagged", "photos flagged", "JPEG mirror's test images flagged (10,000)",
                   "accuracy on the JPEG mirror", "the 75 corrupted sets, mean accuracy", "machine kind"], rows)
+
+
+@region("uploads")
+def uploads(report):
+    """The served verdict on images sent as users send them, at the served threshold and at one fitted with JPEG copies."""
+    found = [rec for _, rec in report.matching("ood-uploads-airbench_muon-*")]
+    rows = []
+    for form in found[0]["forms"]:
+        def mean(figure):
+            return statistics.mean(figure(rec["forms"][form]) for rec in found)
+        rows.append([form, pct(mean(lambda run: run["accuracy"]), 1), f"{mean(lambda run: run['photos_auroc']):.3f}",
+                     *(pct(mean(lambda run: run[fit][figure]), 1) for fit in ("served", "with_jpeg")
+                       for figure in ("test_flagged", "photos_flagged"))])
+    return table([f"sent as (the recipe, mean of {len(found)} seeds)", "test accuracy (1,000)", "photos AUROC",
+                  "test images flagged", "photos flagged", "test images flagged, fitted with JPEG copies",
+                  "photos flagged, fitted with JPEG copies"], rows)

@@ -71,7 +71,7 @@ def main(argv=None):
     for side, quality in FORMS:
         z = logits(upload(images, side, quality))
         inside, outside = rules.score(z), rules.score(logits(upload(photos, side, quality)))
-        name = f"{side}px {'png' if quality is None else f'jpeg{quality}'}"
+        name = f"{side} px, " + ("PNG" if quality is None else f"JPEG quality {quality}")
         forms[name] = {
             "accuracy": float(np.mean(z.argmax(axis=1) == labels)),
             "photos_auroc": float(roc_auc_score(np.r_[np.zeros(len(inside)), np.ones(len(outside))],
