@@ -14,7 +14,7 @@ DOCS = ["README.md", "serve/README.md", "bench/README.md", "bench/records/README
         *(os.path.join("docs", n) for n in sorted(os.listdir(os.path.join(record.ROOT, "docs"))) if n.endswith(".md"))]
 MODULE = re.compile(r"python3? -m (bench(?:\.[a-z_0-9]+)*)(?![.\w])")  # not a placeholder: bench.SUBJECT.NAME
 SCRIPT = re.compile(r"(?<![\w/.:-])(bench/[\w/.-]+\.(?:py|sh|lua|txt))")
-COMMIT = re.compile(r"code of `([0-9a-f]{7,40})`")
+COMMIT = re.compile(r"code of `([0-9a-f]{7,40})(?:-dirty)?`")  # dirty: the commit its changes were made on
 AT_COMMIT = re.compile(r"\b([0-9a-f]{7,40}):(bench/[\w/.-]+\.(?:py|sh))")
 
 
@@ -26,30 +26,30 @@ def existed(path, commit):
     return git("cat-file", "-e", f"{commit}:{path}").returncode == 0
 
 
-def module_file(name):
-    """The file ``python -m name`` runs, relative to the repository root."""
+def module_files(name):
+    """The files ``python -m name`` may run, relative to the repository root: ``NAME.py`` or ``NAME/__main__.py``."""
     base = os.path.join(*name.split("."))
-    return base + ".py" if os.path.isfile(os.path.join(record.ROOT, base + ".py")) else os.path.join(base, "__main__.py")
+    return [base + ".py", os.path.join(base, "__main__.py")]
 
 
 def mentions(text):
-    """``(line, path)`` of every bench module or script a text names."""
+    """``(line, paths)`` of every bench module or script a text names, ``paths`` the files it may be."""
     for line in text.splitlines():
         for name in MODULE.findall(line):
-            yield line, module_file(name)
+            yield line, module_files(name)
         for path in SCRIPT.findall(line):
-            yield line, path.rstrip(".")
+            yield line, [path.rstrip(".")]
 
 
 def missing(text):
     """What ``text`` names that exists neither at HEAD nor at the commit its line quotes."""
     out = [f"{commit}:{path}" for commit, path in AT_COMMIT.findall(text) if not existed(path, commit)]
-    for line, path in mentions(text):
-        if os.path.isfile(os.path.join(record.ROOT, path)):
+    for line, paths in mentions(text):
+        if any(os.path.isfile(os.path.join(record.ROOT, path)) for path in paths):
             continue
         commit = COMMIT.search(line)
-        if commit is None or not existed(path, commit.group(1)):
-            out.append(path)
+        if commit is None or not any(existed(path, commit.group(1)) for path in paths):
+            out.append(paths[-1])
     return out
 
 
@@ -75,6 +75,9 @@ def test_the_check_itself_catches_a_module_that_is_gone():
     assert missing("python -m bench.serving.nothing_here --json x") == ["bench/serving/nothing_here/__main__.py"]
     assert missing("python bench/jpeg_draft.py --repeats 10") == ["bench/jpeg_draft.py"]
     assert missing("python bench/jpeg_draft.py; code of `f44b73d`") == []  # it was there when it ran
+    assert missing("python -m bench.research.ood_uploads --run R; code of `d796333`") == []  # a module file since deleted
+    assert missing("python -m bench.research.ood_uploads --run R") == ["bench/research/ood_uploads/__main__.py"]
+    assert missing("python -m bench.research.ood_uploads --run R; code of `d796333-dirty`") == []
     assert missing("git show f196439:bench/multiprocess_keras_repro.py") == []
     assert missing("git show f196439:bench/never_was.py") == ["f196439:bench/never_was.py"]
     assert missing("python -m bench.peers --only this") == []
