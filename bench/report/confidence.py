@@ -317,11 +317,11 @@ def uploads(report):
     found = [rec for _, rec in report.matching("ood-uploads-airbench_muon-*")]
     rows = []
     for form in found[0]["forms"]:
-        def mean(figure):
-            return statistics.mean(figure(rec["forms"][form]) for rec in found)
-        rows.append([form, pct(mean(lambda run: run["accuracy"]), 1), f"{mean(lambda run: run['photos_auroc']):.3f}",
-                     *(pct(mean(lambda run: run[fit][figure]), 1) for fit in ("served", "with_jpeg")
-                       for figure in ("test_flagged", "photos_flagged"))])
+        runs = [rec["forms"][form] for rec in found]
+        flagged = [statistics.mean(run[fit][figure] for run in runs)
+                   for fit in ("served", "with_jpeg") for figure in ("test_flagged", "photos_flagged")]
+        rows.append([form, pct(_mean(runs, "accuracy"), 1), f"{_mean(runs, 'photos_auroc'):.3f}",
+                     *(pct(share, 1) for share in flagged)])
     return table([f"sent as (the recipe, mean of {len(found)} seeds)", "test accuracy (1,000)", "photos AUROC",
                   "test images flagged", "photos flagged", "test images flagged, fitted with JPEG copies",
                   "photos flagged, fitted with JPEG copies"], rows)
