@@ -388,3 +388,11 @@ def airbench_fast(num_classes):
 def airbench_muon(num_classes):
     """airbench's network at FAST_WIDTHS, trained by AIRBENCH_MUON_RECIPE (Muon on the kernels): the main job's default."""
     return airbench(num_classes, widths=FAST_WIDTHS, name="airbench_muon", whiten_gain=BIAS_GAIN, kernel_l2=0.0)
+
+
+# A trial, not a recipe of record: airbench_muon at airbench's widths (64/256/256, airbench94_muon's own)
+# for fewer epochs, against the recipe in the same time (docs/benchmarks.md). Deleted after its records.
+@register("airbench_muon_wide", AIRBENCH_MUON_RECIPE, prepare=whiten_from, callbacks=muon_callbacks)
+def airbench_muon_wide(num_classes):
+    """airbench_muon's recipe at WIDTHS."""
+    return airbench(num_classes, widths=WIDTHS, name="airbench_muon_wide", whiten_gain=BIAS_GAIN, kernel_l2=0.0)
