@@ -258,13 +258,12 @@ def ood_scores(report):
 
 
 #: The recipe against itself with outlier exposure (--outlier-fraction) or JPEG training (--jpeg-fraction): each run's
-#: training record (``training-airbench_muon-TAG-sN``), its served energy on the PNG test images
-#: (``ood-verdicts-airbench_muon-TAG-h5000-png-sN``) and on the JPEG mirror's (``ood-jpeg-airbench_muon-TAG-sN``), and
-#: its robustness where measured. The recipe's own runs: the three of record (AVX-512 BF16 + AMX) and one on the
+#: training record (``training-TAG-sN``), its served energy on the PNG test images (``ood-verdicts-TAG-h5000-png-sN``)
+#: and on the JPEG mirror's (``ood-jpeg-TAG-sN``), and its robustness where measured. The recipe's own runs: the three of record (AVX-512 BF16 + AMX) and one on the
 #: machine the others trained on (``epyc``), with the JPEG mirror measured.
-EXPOSURE = (("the recipe", "b1000-e12-c10"), ("the recipe", "epyc-b1000-e12-c10"),
-            ("with 10% outliers (patches shuffled, weight 0.5)", "b1000-e12-c10-oe10"),
-            ("with 10% re-encoded as JPEG (quality 30-95)", "b1000-e12-c10-j10"))
+EXPOSURE = (("the recipe", "airbench_muon-b1000-e12-c10"), ("the recipe", "airbench_muon-epyc-b1000-e12-c10"),
+            ("with 10% outliers (patches shuffled, weight 0.5)", "airbench_muon-b1000-e12-c10-oe10"),
+            ("with 10% re-encoded as JPEG (quality 30-95)", "airbench_muon-b1000-e12-c10-j10"))
 
 
 def _exposure_run(report, tag, train):
@@ -273,9 +272,9 @@ def _exposure_run(report, tag, train):
         return report[name] if name in report.records else None
 
     seed = train["seed"]
-    run = _served_run(train, report[f"ood-verdicts-airbench_muon-{tag}-h5000-png-s{seed}"], ("photos", "digits"))
-    jpeg = measured(f"ood-jpeg-airbench_muon-{tag}-s{seed}")
-    robust = measured(f"robustness-airbench_muon-{tag}-h5000-png-s{seed}")
+    run = _served_run(train, report[f"ood-verdicts-{tag}-h5000-png-s{seed}"], ("photos", "digits"))
+    jpeg = measured(f"ood-jpeg-{tag}-s{seed}")
+    robust = measured(f"robustness-{tag}-h5000-png-s{seed}")
     return {**run, "jpeg_flagged": jpeg and jpeg["verdicts"][str(rules.PASS_RATE)]["test_flagged"],
             "jpeg_accuracy": jpeg and jpeg["accuracy"], "corrupted": robust and robust["summary"]["all"]["accuracy"]}
 
@@ -288,10 +287,10 @@ EXPOSURE_COLUMNS = {"heldout": pct, "test": lambda x: pct(x, 1), "photos": "{:.3
 @region("exposure")
 def exposure(report):
     """Outlier exposure and JPEG training against the recipe, run by run, with the means of each group of seeds."""
-    groups = {tag: [_exposure_run(report, tag, train) for _, train in report.matching(f"training-airbench_muon-{tag}-s*")]
+    groups = {tag: [_exposure_run(report, tag, train) for _, train in report.matching(f"training-{tag}-s*")]
               for _, tag in EXPOSURE}
     # Outlier exposure trained on AVX-512 BF16: against the recipe's runs on that machine.
-    recipe, exposed = groups["epyc-b1000-e12-c10"], groups["b1000-e12-c10-oe10"]
+    recipe, exposed = groups["airbench_muon-epyc-b1000-e12-c10"], groups["airbench_muon-b1000-e12-c10-oe10"]
     report.target("`airbench_muon`, its recipe on AVX-512 BF16: photos AUROC ≥ 0.95 (mean over seeds)",
                   _mean(recipe, "photos"), 0.95, "{:.3f}",
                   [f"ood-verdicts-airbench_muon-epyc-b1000-e12-c10-h5000-png-s{run['seed']}" for run in recipe])
