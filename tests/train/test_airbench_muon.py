@@ -106,6 +106,15 @@ def test_the_muon_recipe_is_airbench94_muons_at_the_fast_widths():
     assert fast.get_layer("group1_conv1").kernel_regularizer is not None
 
 
+def test_the_wide_member_is_the_muon_recipe_at_airbenchs_widths_for_seven_epochs():
+    assert models.recipe("airbench_muon_wide") == dataclasses.replace(airbench.AIRBENCH_MUON_RECIPE, epochs=7)
+    assert [type(c) for c in models.training_callbacks("airbench_muon_wide", 100)] == [airbench.HoldFrom]
+    network = models.build_model("airbench_muon_wide", num_classes=10).get_layer("views").network
+    assert [network.get_layer(f"group{g}_conv1").filters for g in (1, 2, 3)] == list(airbench.WIDTHS)
+    assert network.get_layer("whiten_bias").gain == airbench.BIAS_GAIN
+    assert all(network.get_layer(f"group{g}_conv{c}").kernel_regularizer is None for g in (1, 2, 3) for c in (1, 2))
+
+
 def test_a_tiny_run_of_airbench_muon_learns_and_exports_by_its_name(tmp_path):
     from export import exporter
 

@@ -62,7 +62,7 @@ def test_output_stays_float32_under_mixed_precision():
 
 
 def test_unknown_model_names_the_known_ones():
-    with pytest.raises(ValueError, match="known models: airbench, airbench_fast, airbench_muon, seed_cnn"):
+    with pytest.raises(ValueError, match="known models: airbench, airbench_fast, airbench_muon, airbench_muon_wide, seed_cnn"):
         models.build_model("vgg", num_classes=10)
 
 
