@@ -392,7 +392,7 @@ def airbench_muon(num_classes):
 
 
 # airbench_muon's recipe at airbench's widths (airbench94_muon's own) for 7 epochs rather than 12: over 3 seeds
-# on AVX-512 BF16 it tells photos from CIFAR images at 0.953 (the default 0.949) and digits at 0.970 (0.951),
+# on AVX-512 BF16 it tells photos from CIFAR images at 0.953 (the default 0.949) and digits at 0.969 (0.951),
 # at the default's held-out accuracy, for about a fifth more training time there and 2.2x the arithmetic an
 # image when served (docs/benchmarks.md, "Trials against the recipe").
 AIRBENCH_MUON_WIDE_RECIPE = dataclasses.replace(AIRBENCH_MUON_RECIPE, epochs=7)

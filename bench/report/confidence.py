@@ -257,13 +257,21 @@ def ood_scores(report):
                   "µs an image", "chosen on the held-out slice, per seed"], rows)
 
 
-#: The recipe against itself with outlier exposure (--outlier-fraction) or JPEG training (--jpeg-fraction): each run's
-#: training record (``training-TAG-sN``), its served energy on the PNG test images (``ood-verdicts-TAG-h5000-png-sN``)
-#: and on the JPEG mirror's (``ood-jpeg-TAG-sN``), and its robustness where measured. The recipe's own runs: the three of record (AVX-512 BF16 + AMX) and one on the
-#: machine the others trained on (``epyc``), with the JPEG mirror measured.
+#: The recipe against itself with outlier exposure (--outlier-fraction), JPEG training (--jpeg-fraction) or a wider
+#: net: each run's training record (``training-TAG-sN``), its served energy on the PNG test images
+#: (``ood-verdicts-TAG-h5000-png-sN``) and on the JPEG mirror's (``ood-jpeg-TAG-sN``), and its robustness where
+#: measured. The recipe's own runs: the three of record (AVX-512 BF16 + AMX) and three on the machine the trials
+#: trained on (``epyc``).
 EXPOSURE = (("the recipe", "airbench_muon-b1000-e12-c10"), ("the recipe", "airbench_muon-epyc-b1000-e12-c10"),
             ("with 10% outliers (patches shuffled, weight 0.5)", "airbench_muon-b1000-e12-c10-oe10"),
-            ("with 10% re-encoded as JPEG (quality 30-95)", "airbench_muon-b1000-e12-c10-j10"))
+            ("with 10% re-encoded as JPEG (quality 30-95)", "airbench_muon-b1000-e12-c10-j10"),
+            ("with 5% corrupted and 5% re-encoded as JPEG", "airbench_muon-b1000-e12-c5-j5"),
+            ("at airbench's widths (64/256/256), 7 epochs", "airbench_muon_wide-e7"))
+#: The groups above that are trials, each against the recipe's runs on the machine they trained on: (tag, what).
+TRIALS = (("airbench_muon-b1000-e12-c10-oe10", "with outlier exposure"),
+          ("airbench_muon-b1000-e12-c10-j10", "with 10% as JPEG"),
+          ("airbench_muon-b1000-e12-c5-j5", "with 5% corrupted and 5% as JPEG"),
+          ("airbench_muon_wide-e7", "at airbench's widths, 7 epochs"))
 
 
 def _exposure_run(report, tag, train):
@@ -286,28 +294,47 @@ EXPOSURE_COLUMNS = {"heldout": pct, "test": lambda x: pct(x, 1), "photos": "{:.3
 
 @region("exposure")
 def exposure(report):
-    """Outlier exposure and JPEG training against the recipe, run by run, with the means of each group of seeds."""
+    """The trials against the recipe (outlier exposure, JPEG training, a wider net), run by run, with the means of each
+    group of seeds."""
     groups = {tag: [_exposure_run(report, tag, train) for _, train in report.matching(f"training-{tag}-s*")]
               for _, tag in EXPOSURE}
-    # Outlier exposure trained on AVX-512 BF16: against the recipe's runs on that machine.
-    recipe, exposed = groups["airbench_muon-epyc-b1000-e12-c10"], groups["airbench_muon-b1000-e12-c10-oe10"]
+    # The trials trained on AVX-512 BF16: each against the recipe's runs on that machine.
+    recipe = groups["airbench_muon-epyc-b1000-e12-c10"]
     report.target("`airbench_muon`, its recipe on AVX-512 BF16: photos AUROC ≥ 0.95 (mean over seeds)",
                   _mean(recipe, "photos"), 0.95, "{:.3f}",
                   [f"ood-verdicts-airbench_muon-epyc-b1000-e12-c10-h5000-png-s{run['seed']}" for run in recipe])
-    names = [f"ood-verdicts-airbench_muon-b1000-e12-c10-oe10-h5000-png-s{run['seed']}" for run in exposed]
-    report.target("`airbench_muon`, its recipe with outlier exposure: photos AUROC ≥ 0.95 (mean over seeds)",
-                  _mean(exposed, "photos"), 0.95, "{:.3f}", names)
-    report.target("`airbench_muon` with outlier exposure: digits AUROC no lower than the recipe's on its machine "
-                  "(mean over seeds)",
-                  _mean(exposed, "digits") - _mean(recipe, "digits"), 0.0, "{:+.3f}", names)
-    report.target("`airbench_muon` with outlier exposure: ≤ 0.3 points of held-out accuracy lost against the recipe "
-                  "on its machine (mean over seeds)", (_mean(exposed, "heldout") - _mean(recipe, "heldout")) * 100, -0.3, "{:+.2f} pt",
-                  [f"training-airbench_muon-b1000-e12-c10-oe10-s{run['seed']}" for run in exposed])
+    for tag, trial in TRIALS:
+        runs, what = groups[tag], f"`airbench_muon` {trial}"
+        names = [f"ood-verdicts-{tag}-h5000-png-s{run['seed']}" for run in runs]
+        report.target(f"{what}: photos AUROC ≥ 0.95 (mean over seeds)", _mean(runs, "photos"), 0.95, "{:.3f}", names)
+        report.target(f"{what}: digits AUROC no lower than the recipe's on its machine (mean over seeds)",
+                      _mean(runs, "digits") - _mean(recipe, "digits"), 0.0, "{:+.3f}", names)
+        report.target(f"{what}: ≤ 0.3 points of held-out accuracy lost against the recipe on its machine (mean over "
+                      "seeds)", (_mean(runs, "heldout") - _mean(recipe, "heldout")) * 100, -0.3, "{:+.2f} pt",
+                      [f"training-{tag}-s{run['seed']}" for run in runs])
     rows = _seed_rows([(label, groups[tag]) for label, tag in EXPOSURE], EXPOSURE_COLUMNS)
     return table(["`airbench_muon`, batch 1,000, 12 epochs, 10% corrupted, `--holdout 5000`", "seed",
                   "held-out accuracy (5,000)", "test accuracy (1,000)", "photos AUROC", "digits AUROC",
                   "test images flagged", "photos flagged", "JPEG mirror's test images flagged (10,000)",
                   "accuracy on the JPEG mirror", "the 75 corrupted sets, mean accuracy", "machine kind"], rows)
+
+
+#: The serving cost of the wider net: ``bench.serving.speed`` in-process on an export of each, one after the other.
+SERVING_COST = ("serving-speed-airbench_muon-epyc", "serving-speed-airbench_muon_wide-epyc")
+
+
+@region("serving-cost")
+def serving_cost(report):
+    """Each runtime's images/s and one image's p50, in-process, for the recipe and the wider net side by side."""
+    narrow, wide = (report[name]["in_process"] for name in SERVING_COST)
+    rows = []
+    for runtime in ("litert", "litert-int8", "savedmodel"):
+        one, many = f"{runtime}, batch 1", f"{runtime}, batch 64"
+        rows.append([f"`{runtime}`", f"{narrow[many]['images_per_s']:,.0f}", f"{wide[many]['images_per_s']:,.0f}",
+                     f"{wide[many]['images_per_s'] / narrow[many]['images_per_s']:.2f}x",
+                     f"{narrow[one]['p50_ms']:.1f}", f"{wide[one]['p50_ms']:.1f}", kind(report[SERVING_COST[1]])])
+    return table(["runtime, in-process, every core", "the recipe: images/s, 64 a call", "the wider net: images/s, 64 a call",
+                  "ratio", "the recipe: 1 image, p50 (ms)", "the wider net: 1 image, p50 (ms)", "machine kind"], rows)
 
 
 @region("uploads")

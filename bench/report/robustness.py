@@ -10,7 +10,7 @@ from bench.report.training import recipe_label
 def robustness(report):
     # Seed 0 of each model; the corruption runs' other seeds are in robustness-training.
     found = [rec for _, rec in report.matching("robustness-*-s0")]
-    names = [f"`{rec['name']}`" for rec in found]
+    names = [f"`{rec['name'].removesuffix('-h5000-png-s0')}`" for rec in found]  # what every column shares, in the prose
     corruptions = list(found[0]["summary"]["by_corruption"])
 
     def rows(measure, fmt):
