@@ -87,7 +87,8 @@ def training_main_job(report):
         correct = round(rec["test_accuracy"] * rec["test_images"])
         cells = [cell(seconds.get(stage), "{:,.1f}") for stage in ("train", "export", "serve_until_ready", "whole")]
         default = budget and "TIME_BUDGET" not in rec["job_env"]
-        rows.append([f"{budget['seconds']:g} s" + (" (the default)" if default else "") if budget else "none (`TIME_BUDGET=0`)",
+        rows.append([f"`{rec['job_env'].get('MODEL', 'airbench_muon')}`",
+                     f"{budget['seconds']:g} s" + (" (the default)" if default else "") if budget else "none (`TIME_BUDGET=0`)",
                      f"{rec['training']['epochs']}" + (f" (the budget predicted {budget['predicted_s']:.0f} s)" if budget else ""),
                      *(c or "not timed" for c in cells),
                      with_interval(rec["test_accuracy"], *wilson(correct, rec["test_images"]), digits=1), kind(rec),
@@ -97,5 +98,5 @@ def training_main_job(report):
     if whole:
         report.target("the whole main job ≤ 600 s on AVX-512 BF16 + AMX (install excluded)", whole[1], 600, "{:.0f} s",
                       [whole[0]], at_least=False)
-    return table(["training budget", "epochs trained", "train (s)", "export (s)", "serve until ready (s)", "whole (s)",
+    return table(["`MODEL`", "training budget", "epochs trained", "train (s)", "export (s)", "serve until ready (s)", "whole (s)",
                   "test accuracy, 95% Wilson (1,000)", "machine kind", "runnable processes (vmstat r, median)", "record"], rows)
