@@ -390,10 +390,9 @@ def airbench_muon(num_classes):
     return airbench(num_classes, widths=FAST_WIDTHS, name="airbench_muon", whiten_gain=BIAS_GAIN, kernel_l2=0.0)
 
 
-
 # airbench_muon's recipe at airbench's widths (airbench94_muon's own) for 7 epochs rather than 12: over 3 seeds
 # on AVX-512 BF16 it tells photos from CIFAR images at 0.953 (the default 0.949) and digits at 0.969 (0.951),
-# at the default's held-out accuracy, for about a fifth more training time there and 2.2x the arithmetic an
+# at the default's held-out accuracy, for about a fifth more training time on that kind and 2.2x the arithmetic an
 # image when served (docs/benchmarks.md, "Trials against the recipe").
 AIRBENCH_MUON_WIDE_RECIPE = dataclasses.replace(AIRBENCH_MUON_RECIPE, epochs=7)
 
