@@ -8,28 +8,30 @@ learned scale; a 3x3 max pool and a bias-free linear layer scaled by 1/9.
 
 The recipe: Nesterov SGD at batch 1024 with a triangular rate, label smoothing 0.2, 2-pixel
 translations, flips that alternate (each image is mirrored in every other epoch), BatchNorm
-shifts that move 64x faster than the other weights (stored divided by 8, :class:`Shift`), a
-whitening bias learned for the first three epochs only (:class:`HoldFrom`), and lookahead weight
-averaging from the fourth epoch (:class:`Lookahead`). Weights start at PyTorch's default scale,
+shifts that move 64x faster than the other weights (stored divided by 8), a whitening bias
+learned for the first three epochs only (:class:`HoldFrom`), and lookahead weight averaging
+from the fourth epoch (:class:`Lookahead`). Weights start at PyTorch's default scale,
 as airbench's did: with BatchNorm after every convolution, a weight's scale sets its effective
 learning rate.
 
-Test-time augmentation is part of the model (:class:`Views`): at inference it averages the
-logits of the image, its mirror and two one-pixel shifts of both (six views, airbench's level
-2), so the SavedModel, the LiteRT models and TF Serving all give the accuracy training measured,
-at six times the arithmetic of one view. Training sees one view.
+Test-time augmentation is part of the model: at inference it averages the logits of the image,
+its mirror and two one-pixel shifts of both (six views, airbench's level 2), so the SavedModel,
+the LiteRT models and TF Serving all give the accuracy training measured, at six times the
+arithmetic of one view. Training sees one view.
 
-The GELU is the exact one (:class:`GELU`); under TensorFlow its training kernels are XLA-fused,
-which made the training step of ``airbench_muon`` 0.70x as long in mixed bfloat16 (AMX).
+The GELU is the exact one; under TensorFlow its training kernels are XLA-fused, which made the
+training step of ``airbench_muon`` 0.70x as long in mixed bfloat16 (AMX). The layers
+(:class:`~train.airbench_layers.Shift`, :class:`~train.airbench_layers.Views`,
+:class:`~train.airbench_layers.GELU`) are in :mod:`train.airbench_layers`.
 """
 
 import dataclasses
-import functools
 
 import keras
 import numpy as np
 from keras import layers
 
+from train.airbench_layers import BIAS_GAIN, GELU, L2, PartialIdentity, Shift, Views, pytorch_default
 from train.models import CIFAR10_MEAN, CIFAR10_STD, INPUT_SHAPE
 from train.registry import Recipe, register
 
@@ -39,13 +41,7 @@ WHITEN_EPS = 5e-4  # added to the eigenvalues before the inverse square root
 WHITEN_IMAGES = 5000  # training images the patch statistics come from
 BATCHNORM_MOMENTUM = 0.6  # of the old statistic kept per step (airbench's BatchNorm passes PyTorch 1 - 0.6)
 BATCHNORM_EPSILON = 1e-12
-BIAS_GAIN = 8.0  # BN shifts are stored divided by 8, so SGD moves them 8**2 = 64x faster
 LOGIT_SCALE = 1 / 9
-# airbench's coupled weight decay (0.0153 per 1024 images at a rate of 11.5 per 1024, under its
-# summed loss) on the mean loss: an L2 penalty whose gradient is 0.0153 / 11.5 = 1.33e-3 x the
-# weight. Every learned weight has it, the BN shifts and the whitening bias included (stored
-# divided by their gain, they decay at the same rate).
-L2 = 0.0153 / 11.5 / 2
 WHITEN_BIAS_EPOCHS = 3  # the whitening bias learns for this many epochs, then holds
 LOOKAHEAD_START_EPOCH = 3  # 0-based: averaging begins in the fourth epoch
 LOOKAHEAD_EVERY = 5  # steps between averaging updates
@@ -91,133 +87,6 @@ AIRBENCH_MUON_RECIPE = dataclasses.replace(
     AIRBENCH_RECIPE, optimizer="muon", learning_rate=1.66, reference_batch=2000, schedule="linear",
     warmup_fraction=0.0, epochs=12, batch_size=1000, filter_learning_rate=0.24, filter_momentum=0.6,
     label_smoothing=0.0, corrupt_fraction=0.1)
-
-
-def _pytorch_default(seed=None):
-    """PyTorch's default for convolutions and linear layers: uniform within 1 / sqrt(fan_in)."""
-    return keras.initializers.VarianceScaling(scale=1 / 3, mode="fan_in", distribution="uniform", seed=seed)
-
-
-@keras.saving.register_keras_serializable(package="cifar")
-class Shift(layers.Layer):
-    """A learned per-channel bias with weight decay, stored divided by ``gain`` so that SGD moves it ``gain**2`` faster."""
-
-    def __init__(self, gain=BIAS_GAIN, **kwargs):
-        super().__init__(**kwargs)
-        self.gain = gain
-
-    def build(self, input_shape):
-        self.bias = self.add_weight(name="bias", shape=(input_shape[-1],), initializer="zeros",
-                                    regularizer=keras.regularizers.L2(L2))
-
-    def call(self, x):
-        return x + keras.ops.cast(self.bias * self.gain, x.dtype)
-
-    def get_config(self):
-        return {**super().get_config(), "gain": self.gain}
-
-
-@keras.saving.register_keras_serializable(package="cifar")
-class PartialIdentity(keras.initializers.Initializer):
-    """PyTorch's default initialisation, except that the first ``in_channels`` filters pass their input through."""
-
-    def __init__(self, seed=None):
-        self.seed = seed
-
-    def __call__(self, shape, dtype=None):
-        height, width, channels_in, channels_out = shape
-        kept = min(channels_in, channels_out)
-        identity = np.zeros(shape, dtype="float32")
-        identity[height // 2, width // 2, np.arange(kept), np.arange(kept)] = 1
-        random = _pytorch_default(self.seed)(shape, dtype)
-        mask = np.zeros(shape, dtype="float32")
-        mask[..., :kept] = 1
-        return keras.ops.cast(random * (1 - mask) + identity, dtype or "float32")
-
-    def get_config(self):
-        return {"seed": self.seed}
-
-
-@keras.saving.register_keras_serializable(package="cifar")
-class GELU(layers.Layer):
-    """The exact GELU, x Phi(x), as airbench's ``nn.GELU()``.
-
-    Under TensorFlow, while training, it runs as one XLA-compiled loop each way, computed in
-    float32 (:func:`_tensorflow_gelu`): TensorFlow's own GELU and its gradient take separate
-    unfused kernels, scalar in bfloat16, about 6x the time, which made the activations cost as
-    much as the convolutions (docs/benchmarks.md). Inference, and every other backend, takes
-    ``keras.activations.gelu``: the exported graph holds no XLA call.
-    """
-
-    def call(self, x, training=False):
-        if training and keras.backend.backend() == "tensorflow":
-            return _tensorflow_gelu()(x)
-        return keras.activations.gelu(x, approximate=False)
-
-
-@functools.cache
-def _tensorflow_gelu():
-    """GELU with its gradient, each one XLA-compiled TensorFlow function computing in float32."""
-    import tensorflow as tf
-
-    @tf.function(jit_compile=True)
-    def forward(x):
-        f = tf.cast(x, tf.float32)
-        return tf.cast(0.5 * f * tf.math.erfc(-f * SQRT_HALF), x.dtype)
-
-    @tf.function(jit_compile=True)
-    def backward(x, upstream):
-        f = tf.cast(x, tf.float32)
-        slope = 0.5 * tf.math.erfc(-f * SQRT_HALF) + f * INV_SQRT_2PI * tf.exp(-0.5 * f * f)  # Phi(x) + x phi(x)
-        return tf.cast(tf.cast(upstream, tf.float32) * slope, x.dtype)
-
-    @tf.custom_gradient
-    def gelu(x):
-        return forward(x), lambda upstream: backward(x, upstream)
-
-    return gelu
-
-
-SQRT_HALF = 0.7071067811865476
-INV_SQRT_2PI = 0.3989422804014327
-
-
-#: The weight of each of :func:`six_views`' views in the averaged logits.
-VIEW_WEIGHTS = (0.25, 0.125, 0.125) * 2
-
-
-def six_views(images):
-    """The six views :class:`Views` averages, stacked on the batch axis (view-major): the image as is,
-    shifted one pixel up-left and down-right (reflect padding), then each of the three flipped."""
-    padded = keras.ops.pad(images, [[0, 0], [1, 1], [1, 1], [0, 0]], mode="reflect")
-    size = INPUT_SHAPE[0]
-    views = [images, padded[:, :size, :size], padded[:, 2:, 2:]]
-    views += [keras.ops.flip(view, axis=2) for view in views]
-    return keras.ops.concatenate(views)
-
-
-@keras.saving.register_keras_serializable(package="cifar")
-class Views(layers.Layer):
-    """The network's logits: of the image when training; averaged over six views at inference."""
-
-    def __init__(self, network, **kwargs):
-        super().__init__(**kwargs)
-        self.network = network
-
-    def call(self, images, training=False):
-        if training:
-            return keras.ops.cast(self.network(images, training=True), "float32")
-        logits = keras.ops.cast(self.network(six_views(images), training=False), "float32")
-        logits = keras.ops.reshape(logits, (len(VIEW_WEIGHTS), -1, logits.shape[-1]))
-        weights = keras.ops.convert_to_tensor(VIEW_WEIGHTS, "float32")
-        return keras.ops.einsum("v,vbc->bc", weights, logits)
-
-    def get_config(self):
-        return {**super().get_config(), "network": keras.saving.serialize_keras_object(self.network)}
-
-    @classmethod
-    def from_config(cls, config):
-        return cls(network=keras.saving.deserialize_keras_object(config.pop("network")), **config)
 
 
 def whiten_from(model, x_train, images=WHITEN_IMAGES):
@@ -355,7 +224,7 @@ def _network(num_classes, widths=WIDTHS, whiten_gain=1.0, kernel_l2=L2):
         x = _norm_gelu(x, f"group{group}_2")
     x = layers.MaxPooling2D(3, name="final_pool")(x)
     x = layers.Flatten(name="flatten")(x)
-    x = layers.Dense(num_classes, use_bias=False, kernel_initializer=_pytorch_default(),
+    x = layers.Dense(num_classes, use_bias=False, kernel_initializer=pytorch_default(),
                      kernel_regularizer=keras.regularizers.L2(L2), name="logits")(x)
     outputs = layers.Rescaling(LOGIT_SCALE, name="logit_scale")(x)
     return keras.Model(inputs, outputs, name="airbench_network")
@@ -367,7 +236,7 @@ def airbench(num_classes, widths=WIDTHS, name="airbench", whiten_gain=1.0, kerne
 
     ``widths``: the channels of the three conv groups; every registered member of the family
     (``airbench``, ``airbench_fast``, ``airbench_muon``) is this one builder at its own widths.
-    ``whiten_gain``: the whitening bias's :class:`Shift` gain (airbench94 trains it at the rate of the
+    ``whiten_gain``: the whitening bias's ``Shift`` gain (airbench94 trains it at the rate of the
     kernels, 1; airbench94_muon at the BN shifts', BIAS_GAIN). ``kernel_l2``: the convolution kernels' L2
     penalty (0: none, as under Muon, which holds each kernel's norm; a penalty there would put the
     kernel itself into the orthogonalised step, where the norm's reset undoes it).

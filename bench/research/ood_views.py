@@ -6,7 +6,7 @@ Typical usage::
         --json bench/records/ood-views-NAME.json
 
 ``airbench``'s family averages the logits of six views of each image inside the model
-(``train.airbench.Views``); the served score is the energy of that average. The six views' own
+(``train.airbench_layers.Views``); the served score is the energy of that average. The six views' own
 logits give other scores at no cost to a server that computes them in the same graph:
 
 * **the views' mean energy**: the views' energies (``-logsumexp`` of each view's logits), averaged
@@ -40,7 +40,7 @@ WEIGHTS = (0.1, 0.2, 0.3, 0.5, 0.75, 1.0, 1.5, 2.0)  # of the agreement, against
 
 def view_logits(model, batch=250):
     """A function of uint8 images to their six views' logits, float64 ``[views, images, classes]``."""
-    from train.airbench import VIEW_WEIGHTS, six_views
+    from train.airbench_layers import VIEW_WEIGHTS, six_views
 
     names = [layer.name for layer in model.layers]
     if "views" not in names:
@@ -59,7 +59,7 @@ def view_logits(model, batch=250):
 
 def view_scores(views):
     """``{score: [images]}`` of ``[views, images, classes]`` logits; higher is more foreign."""
-    from train.airbench import VIEW_WEIGHTS
+    from train.airbench_layers import VIEW_WEIGHTS
 
     weights = np.asarray(VIEW_WEIGHTS)
     averaged = np.einsum("v,vbc->bc", weights, views)

@@ -9,7 +9,7 @@ import pytest
 
 import synthetic
 from contract import MANIFEST_FILE
-from train import airbench, models, report, trainer
+from train import airbench, airbench_layers, models, report, trainer
 from train.hardware import Placement
 
 
@@ -38,7 +38,7 @@ def test_whitening_is_set_from_the_training_patches_and_decorrelates_them():
 
 
 def test_convolutions_start_as_the_identity_on_their_input_channels():
-    kernel = airbench.PartialIdentity(seed=1)((3, 3, 4, 6)).numpy()
+    kernel = airbench_layers.PartialIdentity(seed=1)((3, 3, 4, 6)).numpy()
     for i in range(4):
         expected = np.zeros((3, 3, 4))
         expected[1, 1, i] = 1
@@ -192,7 +192,7 @@ def test_gelu_is_the_exact_gelu_and_its_gradient_when_training_as_when_serving(d
     values = 0.5 * grid * np.vectorize(math.erfc)(-grid / math.sqrt(2))  # x Phi(x), in float64
     slopes = 0.5 * np.vectorize(math.erfc)(-grid / math.sqrt(2)) + grid * np.exp(-grid ** 2 / 2) / math.sqrt(2 * math.pi)
     x = tf.cast(grid, dtype)
-    layer = airbench.GELU(dtype="mixed_bfloat16" if dtype == "bfloat16" else "float32")  # as under --precision
+    layer = airbench_layers.GELU(dtype="mixed_bfloat16" if dtype == "bfloat16" else "float32")  # as under --precision
     for training in (True, False):  # True: the XLA-compiled loops under TensorFlow; False: keras.activations.gelu
         with tf.GradientTape() as tape:
             tape.watch(x)
