@@ -43,7 +43,7 @@ class CheckedOn:
 
 
 @_section
-class Int8Calibration:
+class Int8Calibration:  # versions exported with full-integer int8 (calibrated): read, no longer written
     images: int
     source: str
     float_ops: list  # operators kept in float32
@@ -62,7 +62,7 @@ class RuntimeCheck:  # one LiteRT model against the SavedModel: published, or re
     accuracy: float | None = None  # against the sample's labels
     bytes: int | None = None
     ood_score_max_abs_diff: float | None = None
-    calibration: Int8Calibration | None = None  # int8 only
+    calibration: Int8Calibration | None = None  # int8 exported before dynamic-range quantization
 
 
 @_section

@@ -7,10 +7,8 @@ SavedModel in it has passed its own checks. It writes, next to ``saved_model.pb`
   ``tf.lite.TFLiteConverter`` from the written SavedModel, float32, same inputs and outputs
   (uint8 pixels in; probabilities, class ids and class names out). TF Serving serves it with
   ``--prefer_tflite_model``; the server's ``litert`` runtime runs it.
-* ``model.int8.tflite`` (``contract.LITERT_INT8_FILE``): post-training int8 quantization of the
-  same signature, calibrated on the run's training sample (``contract.SAMPLES_FILE``, written by
-  training), the classifier head and a few layers left in float32 (:data:`FLOAT_HEAD_OPS` and
-  :data:`FLOAT_LAYERS`, why below). The server's ``litert-int8`` runtime runs it.
+* ``model.int8.tflite`` (``contract.LITERT_INT8_FILE``): the same signature with int8 weights
+  (dynamic-range quantization, :func:`convert_int8`). The server's ``litert-int8`` runtime runs it.
 
 Every model is run in LiteRT (the interpreter the server uses, XNNPACK) on the run's test
 sample and compared with the written SavedModel on the same images:
@@ -28,12 +26,9 @@ its manifest describes cannot be checked, and is refused (:class:`export.ExportE
 """
 
 import os
-import re
 import sys
-import warnings
 
 from contract import (
-    IMAGE_SIZE,
     INPUT_PIXELS,
     LITERT_FILE,
     LITERT_INT8_FILE,
@@ -45,8 +40,7 @@ from contract import (
     SIGNATURE_PIXELS,
 )
 from contract import published as publications
-from export import ExportError, one_line, read_images
-from export.savedmodel import CONFIDENCE_SCOPE
+from export import one_line, read_images
 
 #: Runtime names, as the server's SERVE_RUNTIME spells them, and the file each one loads.
 FILES = {RUNTIME_LITERT: LITERT_FILE, RUNTIME_LITERT_INT8: LITERT_INT8_FILE}
@@ -63,23 +57,7 @@ SCORE_TOLERANCE = 1e-4
 #: original pixels the gate is measured on all 1,000 of them: an int8 model published is one that
 #: meets the target on those images, and one under it is refused, in one line that says by how much.
 AGREEMENT_GATE = 0.99
-#: Operators kept in float32 in the int8 model. The classifier head turns a few hundred features
-#: into 10 probabilities; quantized, its softmax output has 1/256 steps, so close calls become
-#: ties and ties go to the lower class id. Keeping FULLY_CONNECTED and SOFTMAX in float costs
-#: little (the convolutions do most of the work) and measured agreement (docs/benchmarks.md).
-#: ARG_MAX too: quantized, it reads the softmax rounded back to int8, so the served class_ids
-#: would differ from the argmax of the served probabilities on near ties.
-FLOAT_HEAD_OPS = ("FULLY_CONNECTED", "SOFTMAX", "ARG_MAX")
-#: Keras layers (by name) whose operators also stay float32 in the int8 model. seed_cnn's bn2 is a
-#: batch normalization between two convolutions, which the converter cannot fold into either (it
-#: stays a MUL and an ADD); its output, conv2a's input, spans both signs (bn2 learns negative
-#: scales), and rounding it to int8 is what loses most. The QuantizationDebugger shows no layer
-#: much worse than one rounding step, so the layers were found by keeping them in float one or
-#: two at a time and measuring agreement with the SavedModel on all 10,000 test images (the
-#: figures are in docs/benchmarks.md). conv2a is about a fifth of the model's multiply-adds.
-#: Names that a model does not have are ignored: other architectures keep only the head in float.
-FLOAT_LAYERS = ("bn2", "conv2a")
-#: Images per call when running a model over a sample, and per calibration step.
+#: Images per call when running a model over a sample.
 BATCH = 64
 
 
@@ -96,7 +74,6 @@ def export(version_dir, run_dir, samples, verbose=1):
 
     reference = tf.saved_model.load(version_dir).signatures[SIGNATURE_PIXELS]
 
-    calibration, _ = read_images(run_dir, samples, "train_")
     test_images, test_labels = read_images(run_dir, samples, "test_")
     has_score = OUTPUT_OOD_SCORE in reference.structured_outputs
     # Each model runs once over the test images for the outputs that are checked, not once an output.
@@ -145,17 +122,8 @@ def export(version_dir, run_dir, samples, verbose=1):
         return None
 
     publish(RUNTIME_LITERT, lambda: convert_float(version_dir), float_check)
-    made = []
-
-    def int8():
-        made.append(convert_int8(version_dir, calibration))
-        return made[-1]
-
-    publish(RUNTIME_LITERT_INT8, int8, lambda entry: int8_refusal(entry["agreement"], entry["images"]))
-    # Only the FLOAT_LAYERS this model has (their operators keep their names in the int8 model).
-    kept = [layer for layer in FLOAT_LAYERS if made and layer_nodes(made[-1], [layer])]
-    checks[RUNTIME_LITERT_INT8]["calibration"] = publications.Int8Calibration(
-        images=len(calibration), source=f"{SAMPLES_FILE} train_images", float_ops=list(FLOAT_HEAD_OPS), float_layers=kept)
+    publish(RUNTIME_LITERT_INT8, lambda: convert_int8(version_dir),
+            lambda entry: int8_refusal(entry["agreement"], entry["images"]))
     return publications.LiteRT(
         gate=publications.Gate(float_tolerance=FLOAT_TOLERANCE, int8_min_agreement=AGREEMENT_GATE),
         checked_on=publications.CheckedOn(images=len(test_images), source=f"{SAMPLES_FILE} test_images"),
@@ -178,56 +146,25 @@ def convert_float(saved_model_dir):
     return tf.lite.TFLiteConverter.from_saved_model(saved_model_dir, signature_keys=[SIGNATURE_PIXELS]).convert()
 
 
-def convert_int8(saved_model_dir, calibration_images, float_ops=FLOAT_HEAD_OPS, float_layers=FLOAT_LAYERS):
-    """``serving_default`` quantized to int8 (bytes), calibrated on uint8 ``calibration_images``.
+def convert_int8(saved_model_dir):
+    """``serving_default`` with int8 weights (bytes): dynamic-range quantization.
 
-    Weights are int8 per channel, activations int8 from the ranges the calibration images
-    reach; the operators named in ``float_ops`` and the operators of the Keras layers named in
-    ``float_layers`` stay float32 (TF's QuantizationDebugger is the documented way to leave
-    operators or single nodes out of full-integer quantization).
+    The kernels of the convolutions and dense layers are stored int8, per output channel (all but
+    kernels of under 1,024 weights, which the converter leaves float32: airbench's whitening,
+    seed_cnn's first convolution). At run time LiteRT (XNNPACK) quantizes each of those layers'
+    inputs from their own values, image by image, and computes the layer in int8; everything else (pooling, the activations, the softmax and
+    the out-of-distribution score after the logits) stays float32. Nothing is calibrated beforehand,
+    so an image far from the training images (a photo, a flat colour) is quantized as finely as a
+    CIFAR one, and an image's answer does not depend on the images batched with it. Full-integer
+    quantization calibrated on training images was faster by about a tenth but gave the SavedModel's
+    "none of these" verdict on only 90-93% of images: docs/benchmarks.md, "The same score in every
+    runtime".
     """
     import tensorflow as tf
 
-    def representative():
-        for start in range(0, len(calibration_images), BATCH):
-            yield {INPUT_PIXELS: calibration_images[start:start + BATCH]}
-
     converter = tf.lite.TFLiteConverter.from_saved_model(saved_model_dir, signature_keys=[SIGNATURE_PIXELS])
-    # The operators after the logits (temperature, softmax, score, threshold) stay float32 too: a
-    # score rounded to int8 steps would move images across the threshold.
-    float_nodes = layer_nodes(converter.convert(), [*float_layers, CONFIDENCE_SCOPE])
     converter.optimizations = [tf.lite.Optimize.DEFAULT]
-    converter.representative_dataset = representative
-    with warnings.catch_warnings():
-        # Calibration runs TensorFlow's own copy of the interpreter, which warns that it is deprecated.
-        warnings.filterwarnings("ignore", message=".*tf.lite.Interpreter is deprecated", category=UserWarning)
-        if not float_ops and not float_nodes:
-            return converter.convert()
-        options = tf.lite.experimental.QuantizationDebugOptions(denylisted_ops=list(float_ops) or None,
-                                                                denylisted_nodes=float_nodes or None)
-        debugger = tf.lite.experimental.QuantizationDebugger(
-            converter=converter, debug_dataset=representative, debug_options=options)
-        return debugger.get_nondebug_quantized_model()
-
-
-def layer_nodes(content, layers):
-    """Names of the operators (their output tensors) that come from the Keras ``layers`` in LiteRT model ``content``.
-
-    The converter names an operator's output after the TensorFlow ops fused into it, each
-    ``model/layer_N/op`` (``seed_cnn_1/conv2a_1/Relu;seed_cnn_1/conv2a_1/BiasAdd;...``); these are
-    the node names the QuantizationDebugger's ``denylisted_nodes`` takes.
-    """
-    from tensorflow.lite.tools import flatbuffer_utils
-
-    wanted = re.compile(r"(%s)(_\d+)?" % "|".join(re.escape(layer) for layer in layers))
-    graph = flatbuffer_utils.convert_bytearray_to_object(content).subgraphs[0]
-    names = []
-    for op in graph.operators:
-        for index in op.outputs:
-            name = graph.tensors[index].name.decode()
-            if any(wanted.fullmatch(part) for fused in name.split(";") for part in fused.split("/")):
-                names.append(name)
-    return names
+    return converter.convert()
 
 
 def runner(content, output=OUTPUT_PROBABILITIES):

@@ -1,7 +1,6 @@
 """LiteRT: export writes and checks the float32 and int8 models; the server runs them, with and without TensorFlow."""
 
 import base64
-import dataclasses
 import os
 import shutil
 import subprocess
@@ -15,7 +14,6 @@ import requests
 
 import contract
 import synthetic
-from contract import manifest as manifests
 from contract import published as publications
 from live_server import start_server, stop_server
 from runs import copy_run
@@ -65,8 +63,7 @@ def test_export_writes_both_models_and_records_their_checks(model_base, trained_
         assert check.bytes == (version / file).stat().st_size
     assert checks["litert"].agreement == 1.0 and checks["litert"].max_abs_diff <= litert.FLOAT_TOLERANCE
     assert checks["litert-int8"].agreement >= litert.AGREEMENT_GATE
-    assert checks["litert-int8"].calibration.images == len(np.load(trained_run / contract.SAMPLES_FILE)["train_images"])
-    assert checks["litert-int8"].calibration.float_layers == list(litert.FLOAT_LAYERS)  # seed_cnn has both
+    assert checks["litert-int8"].calibration is None  # dynamic-range quantization calibrates nothing
     # The recorded numbers are what the published files do, re-measured here.
     expected = savedmodel_probabilities(version, images)
     assert report.savedmodel_accuracy == pytest.approx(np.mean(expected.argmax(1) == labels))
@@ -80,52 +77,46 @@ def test_export_writes_both_models_and_records_their_checks(model_base, trained_
     assert [n.decode() for n in got["class_names"]] == [synthetic.CLASS_NAMES[i] for i in expected.argmax(1)]
 
 
-def test_the_int8_model_keeps_the_head_and_the_chosen_layers_in_float(model_base, trained_run):
+def test_the_int8_model_has_int8_kernels_and_answers_each_image_as_if_alone(model_base, trained_run):
     from tensorflow.lite.tools import flatbuffer_utils
-
-    from export import litert
 
     content = (model_base / "1" / contract.LITERT_INT8_FILE).read_bytes()
     model = flatbuffer_utils.convert_bytearray_to_object(content)
     graph = model.subgraphs[0]
-    codes = {i: flatbuffer_utils.opcode_to_name(model, i) for i in range(len(model.operatorCodes))}
-    ops = [(codes[op.opcodeIndex], graph.tensors[op.outputs[0]].name.decode(), [graph.tensors[i].type for i in op.inputs])
-           for op in graph.operators]
     float32, int8 = 0, 9  # tflite schema TensorType
-    first_input = {}
-    for code, name, input_types in ops:
-        parts = name.split(";")[0].split("/")  # seed_cnn_1/conv2a_1/Relu: layer conv2a
-        if len(parts) > 2:
-            first_input.setdefault(parts[1].rsplit("_", 1)[0], (code, input_types[0]))
-    assert litert.FLOAT_LAYERS and all(first_input[layer][1] == float32 for layer in litert.FLOAT_LAYERS)
-    for layer in ("conv1a", "conv1b", "conv2b"):  # the rest of the convolutions are int8
-        assert first_input[layer] == ("CONV_2D", int8)
-    for code, name, input_types in ops:
-        if code in litert.FLOAT_HEAD_OPS:
-            assert input_types[0] == float32, name
-    assert "ARG_MAX" in [code for code, _, _ in ops]
-    # So the class ids it serves are the argmax of the probabilities it serves.
+    kernels = []
+    for op in graph.operators:
+        if flatbuffer_utils.opcode_to_name(model, op.opcodeIndex) in ("CONV_2D", "FULLY_CONNECTED"):
+            inputs, kernel = graph.tensors[op.inputs[0]], graph.tensors[op.inputs[1]]
+            kernels.append((int(np.prod(kernel.shape)), inputs.type, kernel.type))
+    # seed_cnn's layers: float activations in, int8 kernels, but for its first convolution's 864 weights,
+    # under the converter's 1,024.
+    assert len(kernels) == 6 and all(given == float32 for _, given, _ in kernels), kernels
+    assert [kind for size, _, kind in kernels] == [int8 if size >= 1024 else float32 for size, _, _ in kernels]
+    assert sorted(kind for _, _, kind in kernels) == [float32] + [int8] * 5
+    # Each layer's input is quantized from its own image: an image's answer is the same in any batch.
     images, _ = sample_images(trained_run)
-    got = litert_outputs(model_base / "1" / contract.LITERT_INT8_FILE, images)
-    assert got["class_ids"].tolist() == got["probabilities"].argmax(1).tolist()
+    batch = litert_outputs(model_base / "1" / contract.LITERT_INT8_FILE, images[:16])
+    for i in (0, 7, 15):
+        alone = litert_outputs(model_base / "1" / contract.LITERT_INT8_FILE, images[i:i + 1])
+        np.testing.assert_array_equal(alone["probabilities"][0], batch["probabilities"][i])
+    assert batch["class_ids"].tolist() == batch["probabilities"].argmax(1).tolist()
 
 
-def test_the_gate_refuses_an_int8_model_calibrated_on_constant_images(trained_run, tmp_path, capsys):
-    from contract import sha256_file
+def test_the_gate_refuses_an_int8_model_that_gives_other_classes(trained_run, tmp_path, monkeypatch, capsys):
+    import tensorflow as tf
+
     from export import exporter, litert
 
-    run = copy_run(trained_run, tmp_path / "run")
-    with np.load(run / contract.SAMPLES_FILE) as data:
-        samples = dict(data)
-    # Black images: every activation range it calibrates is [0, 0], so real images saturate it.
-    samples["train_images"] = np.zeros_like(samples["train_images"])
-    np.savez(run / contract.SAMPLES_FILE, **samples)
-    path = str(run / contract.MANIFEST_FILE)
-    manifest = manifests.read(path)
-    samples = dataclasses.replace(manifest.samples, sha256=sha256_file(run / contract.SAMPLES_FILE))
-    manifests.write(path, dataclasses.replace(manifest, samples=samples))
+    def calibrated_on_black_images(saved_model_dir):
+        """Full-integer int8 calibrated on black images: every activation range is [0, 0], so real images saturate it."""
+        converter = tf.lite.TFLiteConverter.from_saved_model(saved_model_dir, signature_keys=[contract.SIGNATURE_PIXELS])
+        converter.optimizations = [tf.lite.Optimize.DEFAULT]
+        converter.representative_dataset = lambda: iter([{contract.INPUT_PIXELS: np.zeros((8, 32, 32, 3), np.uint8)}])
+        return converter.convert()
 
-    version = exporter.run(run_dir=str(run), model_dir=str(tmp_path / "models"), name="cifar10", verbose=0)
+    monkeypatch.setattr(litert, "convert_int8", calibrated_on_black_images)
+    version = exporter.run(run_dir=str(trained_run), model_dir=str(tmp_path / "models"), name="cifar10", verbose=0)
     report = published(Path(version)).runtimes
     assert report["litert-int8"].published is False
     refused = report["litert-int8"]

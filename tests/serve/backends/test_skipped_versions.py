@@ -38,7 +38,7 @@ def test_export_fails_when_the_default_runtimes_model_is_refused(trained_run, tm
 def test_export_succeeds_when_only_the_int8_model_is_refused(trained_run, tmp_path, monkeypatch, capsys):
     from export import exporter, litert
 
-    def broken(saved_model_dir, calibration_images):
+    def broken(saved_model_dir):
         raise RuntimeError("the quantizer broke")
 
     monkeypatch.setattr(litert, "convert_int8", broken)  # int8 is not made: a warning, not a failure
