@@ -50,9 +50,8 @@ CALIBRATED_OUTPUTS = (*OUTPUTS, *CONFIDENCE_OUTPUTS)
 #: Files the training stage hands to the export stage.
 WEIGHTS_FILE = "model.weights.h5"
 MANIFEST_FILE = "manifest.json"
-#: A seeded sample of the run's training and test images (uint8), for export to calibrate
-#: and verify quantized models: arrays ``train_images``, ``train_labels``, ``test_images``,
-#: ``test_labels``.
+#: A seeded sample of the run's training and test images (uint8); export checks its LiteRT models
+#: on the test images: arrays ``train_images``, ``train_labels``, ``test_images``, ``test_labels``.
 SAMPLES_FILE = "samples.npz"
 #: The training images kept out of training (``python -m train --holdout N``), with their labels
 #: (arrays ``images``, ``labels``, ``indices``): export fits the temperature and the

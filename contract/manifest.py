@@ -71,7 +71,7 @@ class Fingerprint:
 
 @_section
 class Samples:
-    """A seeded subset of each split (contract.SAMPLES_FILE) for calibrating and verifying exports."""
+    """A seeded subset of each split (contract.SAMPLES_FILE); export verifies its LiteRT models on the test sample."""
 
     file: str
     train: int  # images in the train sample

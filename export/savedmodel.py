@@ -7,8 +7,8 @@ from contract import (CHANNELS, IMAGE_SIZE, INPUT_BYTES, INPUT_PIXELS, OUTPUT_CL
                       OUTPUT_IN_DISTRIBUTION, OUTPUT_OOD_SCORE, OUTPUT_PROBABILITIES, RESIZE_METHOD, SIGNATURE_BYTES,
                       SIGNATURE_PIXELS)
 
-#: The name scope of the operators after the logits (temperature, softmax, score, threshold), which
-#: export/litert.py keeps in float32 in the int8 model.
+#: The name scope of the operators after the logits (temperature, softmax, score, threshold): the
+#: graph and its LiteRT models name them so.
 CONFIDENCE_SCOPE = "confidence"
 
 WARMUP_BATCH_SIZES = (1, 8)  # one record per signature and batch size

@@ -11,8 +11,8 @@
 ``litert`` is the default: export publishes it only after it gave the SavedModel's labels on
 every image of the run's test sample (``export/litert.py``), it runs the model several times
 faster than TensorFlow on a small CPU (``docs/benchmarks.md``), and a worker that never imports
-TensorFlow holds a fraction of the memory. ``litert-int8`` is faster still, but changes about one
-label in a hundred, so it is a choice to make, not a default. ``savedmodel`` runs the exported
+TensorFlow holds a fraction of the memory. ``litert-int8`` is faster still, but changes a label in a
+few hundred, so it is a choice to make, not a default. ``savedmodel`` runs the exported
 graph itself.
 
 Every runtime gives the same two things to :class:`serve.backends.local.LocalBackend`:
