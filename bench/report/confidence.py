@@ -77,6 +77,8 @@ def ood_verdicts(report):
 RUNTIMES = (("the recipe, AVX-512 BF16", "ood-runtimes-airbench_muon-epyc-b1000-e12-c10-h5000-png-s*", True),
             ("the wider net, AVX-512 BF16", "ood-runtimes-airbench_muon_wide-e7-h5000-png-s*", True),
             ("the recipe, AVX-512 BF16, int8 calibrated", "ood-runtimes-int8-calibrated-epyc-*", False),
+            ("`seed_cnn`, AVX-512 BF16", "ood-runtimes-seed_cnn-h5000-png-s*", True),
+            ("`seed_cnn`, AVX-512 BF16, int8 calibrated", "ood-runtimes-int8-calibrated-seed_cnn-s*", False),
             ("the recipe, AMX, int8 calibrated", "ood-runtimes-airbench_muon-b1000-e12-c10-h5000-png-s*", False),
             ("clean, 10 epochs, AMX", "ood-runtimes-airbench_muon-h5000-png-s*", False))
 
