@@ -147,6 +147,24 @@ def test_the_int8_gate_is_the_99_percent_target(agreeing, images, published):
                           "under the 99.0% gate")
 
 
+def test_a_version_whose_int8_model_was_calibrated_still_reads(model_base, tmp_path):
+    import json
+
+    # Versions exported with full-integer int8 recorded what it was calibrated on; their manifests still read.
+    version = tmp_path / "1"
+    shutil.copytree(model_base / "1", version)
+    path = version / contract.ASSETS_EXTRA / contract.MANIFEST_FILE
+    manifest = json.loads(path.read_text())
+    manifest["export"]["litert"]["runtimes"]["litert-int8"]["calibration"] = {
+        "images": 500, "source": "samples.npz train_images", "float_ops": ["FULLY_CONNECTED", "SOFTMAX", "ARG_MAX"],
+        "float_layers": ["bn2", "conv2a"]}
+    path.write_text(json.dumps(manifest))
+    calibration = published(version).runtimes["litert-int8"].calibration
+    assert calibration == publications.Int8Calibration(
+        images=500, source="samples.npz train_images", float_ops=["FULLY_CONNECTED", "SOFTMAX", "ARG_MAX"],
+        float_layers=["bn2", "conv2a"])
+
+
 def test_a_run_whose_samples_are_not_the_manifests_is_refused(trained_run, tmp_path, capsys):
     from export import exporter
 
