@@ -154,15 +154,12 @@ def test_a_version_whose_int8_model_was_calibrated_still_reads(model_base, tmp_p
     version = tmp_path / "1"
     shutil.copytree(model_base / "1", version)
     path = version / contract.ASSETS_EXTRA / contract.MANIFEST_FILE
+    calibration = {"images": 500, "source": "samples.npz train_images",
+                   "float_ops": ["FULLY_CONNECTED", "SOFTMAX", "ARG_MAX"], "float_layers": ["bn2", "conv2a"]}
     manifest = json.loads(path.read_text())
-    manifest["export"]["litert"]["runtimes"]["litert-int8"]["calibration"] = {
-        "images": 500, "source": "samples.npz train_images", "float_ops": ["FULLY_CONNECTED", "SOFTMAX", "ARG_MAX"],
-        "float_layers": ["bn2", "conv2a"]}
+    manifest["export"]["litert"]["runtimes"]["litert-int8"]["calibration"] = calibration
     path.write_text(json.dumps(manifest))
-    calibration = published(version).runtimes["litert-int8"].calibration
-    assert calibration == publications.Int8Calibration(
-        images=500, source="samples.npz train_images", float_ops=["FULLY_CONNECTED", "SOFTMAX", "ARG_MAX"],
-        float_layers=["bn2", "conv2a"])
+    assert published(version).runtimes["litert-int8"].calibration == publications.Int8Calibration(**calibration)
 
 
 def test_a_run_whose_samples_are_not_the_manifests_is_refused(trained_run, tmp_path, capsys):
