@@ -16,13 +16,18 @@ def gelu(report):
 
 
 def recipe_label(recipe, usual_rate):
-    """``batch 1,000, 10 epochs``, and what else the run changed: its rate against ``usual_rate``, its corruption."""
+    """``batch 1,000, 10 epochs``, and what else the run changed: its rate against ``usual_rate``, its corruption,
+    JPEG and outliers."""
     text = f"batch {recipe['batch_size']:,}, {recipe['epochs']} epochs"
     if recipe["learning_rate"] != usual_rate:
         text += f", rate × {recipe['learning_rate'] / usual_rate:g}"
-    if recipe.get("corrupt_fraction"):
-        text += (f", {recipe['corrupt_fraction']:.0%} of each batch corrupted (noise ≤ {recipe['corrupt_noise']:g}, "
-                 f"blur ≤ {recipe['corrupt_blur']:g} px)")
+    share, noise, blur = recipe.get("corrupt_fraction"), recipe.get("corrupt_noise"), recipe.get("corrupt_blur")
+    if share and noise and blur:
+        text += f", {share:.0%} of each batch corrupted (noise ≤ {noise:g}, blur ≤ {blur:g} px)"
+    elif share and (noise or blur):  # half the chosen images are corrupted by the one that is on; the rest pass as they are
+        text += f", {share / 2:.0%} of each batch " + (f"noisy (noise ≤ {noise:g})" if noise else f"blurred (blur ≤ {blur:g} px)")
+    if recipe.get("jpeg_fraction"):
+        text += f", {recipe['jpeg_fraction']:.0%} re-encoded as JPEG (quality {recipe['jpeg_quality']}-95)"
     if recipe.get("outlier_fraction"):
         text += f", {recipe['outlier_fraction']:.0%} outliers (weight {recipe['outlier_weight']:g})"
     return text
@@ -52,7 +57,8 @@ def training_recipes(report):
     runs = report.matching("training-airbench_muon-*")
     usual_rate = statistics.mode(rec["recipe"]["learning_rate"] for _, rec in runs)
     order = lambda run: (run[1]["recipe"]["epochs"], -run[1]["recipe"]["batch_size"],  # noqa: E731
-                         run[1]["recipe"].get("corrupt_fraction") or 0, run[1]["recipe"].get("outlier_fraction") or 0,
+                         run[1]["recipe"].get("corrupt_fraction") or 0, run[1]["recipe"].get("jpeg_fraction") or 0,
+                         run[1]["recipe"].get("outlier_fraction") or 0,
                          -run[1]["recipe"]["learning_rate"], run[1]["machine"]["kind"], run[1]["seed"])
     rows = []
     for name, rec in sorted(runs, key=order):

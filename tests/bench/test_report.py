@@ -129,3 +129,17 @@ def test_every_link_to_a_section_of_the_page_finds_it():
             if anchor not in anchors:
                 broken.append(f"{path}: #{anchor}")
     assert not broken, broken
+
+
+def test_a_training_label_names_everything_the_recipe_changed():
+    from bench.report.training import recipe_label
+
+    recipe = {"batch_size": 1000, "epochs": 12, "learning_rate": 0.83, "corrupt_fraction": 0.1, "corrupt_noise": 0.1,
+              "corrupt_blur": 1.0, "jpeg_fraction": 0.1, "jpeg_quality": 30}
+    assert recipe_label(recipe, 0.83) == ("batch 1,000, 12 epochs, 10% of each batch corrupted (noise ≤ 0.1, blur ≤ 1 px), "
+                                          "10% re-encoded as JPEG (quality 30-95)")
+    # blur 0 leaves the blurred half as it was: a fifth of the batch chosen is a tenth made noisy
+    noisy = {**recipe, "corrupt_fraction": 0.2, "corrupt_blur": 0.0, "jpeg_fraction": 0.0}
+    assert recipe_label(noisy, 0.83) == "batch 1,000, 12 epochs, 10% of each batch noisy (noise ≤ 0.1)"
+    assert recipe_label({**noisy, "corrupt_noise": 0.0, "corrupt_blur": 2.0}, 0.83) == (
+        "batch 1,000, 12 epochs, 10% of each batch blurred (blur ≤ 2 px)")
