@@ -84,7 +84,7 @@ def main(argv=None):
     models.prepare(args.model, model, splits.x_train)
     model.compile(optimizer=schedules.optimizer(recipe, schedules.scaled_rate(recipe, recipe.batch_size),
                                                 recipe.schedule, total_steps),
-                  loss=losses.for_recipe(recipe))
+                  loss=losses.for_recipe(recipe), weighted_metrics=["accuracy"])
     steps = args.warmup + args.steps
     timer = clock(keras)
 
