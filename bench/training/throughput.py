@@ -59,6 +59,8 @@ def main(argv=None):
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--json", help="write the record here (bench/records/training-throughput-MODEL-KIND.json)")
     args = p.parse_args(argv)
+    if args.warmup < 1 or args.steps < 1 or args.rounds < 1:
+        p.error("--warmup, --steps and --rounds must each be at least 1 (the first step compiles)")
 
     from train import hardware
 

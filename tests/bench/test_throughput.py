@@ -26,3 +26,9 @@ def test_the_step_is_timed_three_ways_and_the_pipeline_alone(tmp_path):
     assert target["measured"] == pytest.approx(rows["the recipe's callbacks, the pipeline"][4] - 1)
     assert target["at_most"] == throughput.OVERHEAD
     assert rec["model"] == "seed_cnn" and rec["batch"] == 128
+
+
+def test_no_warmup_is_refused_in_one_line(capsys):
+    with pytest.raises(SystemExit) as exit:
+        throughput.main(["--warmup", "0"])
+    assert exit.value.code == 2 and "at least 1" in capsys.readouterr().err
