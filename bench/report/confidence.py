@@ -306,8 +306,8 @@ EXPOSURE_COLUMNS = {"heldout": pct, "test": lambda x: pct(x, 1), "photos": "{:.3
 
 @region("exposure")
 def exposure(report):
-    """The trials against the recipe (outlier exposure, JPEG training, noise alone, less corruption, a wider net), run by run, with the means of each
-    group of seeds."""
+    """The trials against the recipe (outlier exposure, JPEG training, noise alone, less corruption, a wider net), run
+    by run, with the means of each group of seeds."""
     groups = {tag: [_exposure_run(report, tag, train) for _, train in report.matching(f"training-{tag}-s*")]
               for _, tag in EXPOSURE}
     # The trials trained on AVX-512 BF16: each against the recipe's runs on that machine.

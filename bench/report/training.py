@@ -24,8 +24,9 @@ def recipe_label(recipe, usual_rate):
     share, noise, blur = recipe.get("corrupt_fraction"), recipe.get("corrupt_noise"), recipe.get("corrupt_blur")
     if share and noise and blur:
         text += f", {share:.0%} of each batch corrupted (noise ≤ {noise:g}, blur ≤ {blur:g} px)"
-    elif share and (noise or blur):  # half the chosen images are corrupted by the one that is on; the rest pass as they are
-        text += f", {share / 2:.0%} of each batch " + (f"noisy (noise ≤ {noise:g})" if noise else f"blurred (blur ≤ {blur:g} px)")
+    elif share and (noise or blur):  # half the chosen images get the corruption that is on; the rest pass as they are
+        only = f"noisy (noise ≤ {noise:g})" if noise else f"blurred (blur ≤ {blur:g} px)"
+        text += f", {share / 2:.0%} of each batch {only}"
     if recipe.get("jpeg_fraction"):
         text += f", {recipe['jpeg_fraction']:.0%} re-encoded as JPEG (quality {recipe['jpeg_quality']}-95)"
     if recipe.get("outlier_fraction"):
