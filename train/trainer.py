@@ -271,7 +271,7 @@ def _fit(config, plan, placement, splits, workdir, started, clock):
     time budget's choice (a :class:`contract.manifest.Budget`, or None without a budget)."""
     import keras
 
-    from train import budget, losses, models, progress, schedules
+    from train import budget, losses, models, progress
 
     recipe = plan.recipe
     keras.utils.set_random_seed(config.seed)
@@ -306,14 +306,7 @@ def _fit(config, plan, placement, splits, workdir, started, clock):
             model = models.build_model(config.model, num_classes)
             fit_started = clock()
             models.prepare(config.model, model, splits.x_train)  # data-dependent initialisation, if any
-            model.compile(
-                optimizer=schedules.optimizer(recipe, plan.learning_rate, recipe.schedule,
-                                              epochs * plan.steps_per_epoch),
-                loss=losses.for_recipe(recipe),
-                # Weighted, so the zero-weight padding of the last evaluation batch never counts.
-                weighted_metrics=["accuracy"],
-                steps_per_execution=plan.steps_per_execution,
-            )
+            compile_model(model, recipe, plan.learning_rate, epochs * plan.steps_per_epoch, plan.steps_per_execution)
         model.fit(
             train_ds,
             epochs=epochs,
@@ -330,6 +323,17 @@ def _fit(config, plan, placement, splits, workdir, started, clock):
         return model, clock() - fit_started, shown.choice
     finally:
         keras.mixed_precision.set_global_policy(previous_policy)
+
+
+def compile_model(model, recipe, learning_rate, total_steps, steps_per_execution=1):
+    """Compile ``model`` as a run trains it: the recipe's optimizer and schedule over ``total_steps`` from
+    ``learning_rate`` (the rate at the run's global batch, train.schedules.scaled_rate), its loss, and accuracy."""
+    from train import losses, schedules
+
+    model.compile(optimizer=schedules.optimizer(recipe, learning_rate, recipe.schedule, total_steps),
+                  loss=losses.for_recipe(recipe),
+                  weighted_metrics=["accuracy"],  # weighted: the last evaluation batch's zero-weight padding never counts
+                  steps_per_execution=steps_per_execution)
 
 
 def _pipelines(input_pipeline):

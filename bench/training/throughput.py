@@ -68,7 +68,7 @@ def main(argv=None):
     import keras
     import tensorflow as tf
 
-    from train import data, losses, models, schedules
+    from train import data, losses, models, schedules, trainer
 
     recipe = models.recipe(args.model)
     precision = hardware.resolve_precision("auto", "cpu")
@@ -84,9 +84,7 @@ def main(argv=None):
     keras.utils.set_random_seed(0)
     model = models.build_model(args.model, num_classes)
     models.prepare(args.model, model, splits.x_train)
-    model.compile(optimizer=schedules.optimizer(recipe, schedules.scaled_rate(recipe, recipe.batch_size),
-                                                recipe.schedule, total_steps),
-                  loss=losses.for_recipe(recipe), weighted_metrics=["accuracy"])
+    trainer.compile_model(model, recipe, schedules.scaled_rate(recipe, recipe.batch_size), total_steps)
     steps = args.warmup + args.steps
     timer = clock(keras)
 
