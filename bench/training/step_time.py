@@ -9,8 +9,8 @@ Typical usage::
         --rounds 2 --json bench/records/training-step-airbench_muon-b1000.json
 
 A variant is a Keras precision policy, then any ``NAME=VALUE`` environment settings. Each round runs
-every variant once, in order, in its own process: the model built and compiled as the trainer does
-(``train.models``, ``train.losses``, ``train.schedules``), one untimed step that compiles, two more
+every variant once, in order, in its own process: the model built as the trainer builds it and compiled
+by the trainer's own ``train.trainer.compile_model``, one untimed step that compiles, two more
 untimed, then ``--repeats`` timed ``train_on_batch`` calls on a batch of random images; the median is
 the variant's figure for the round. ``vmstat``'s runnable processes and CPU shares beside each process
 say whether the machine was quiet. The step's arithmetic does not depend on the pixels.
@@ -31,18 +31,19 @@ import json, statistics, time
 from train import hardware
 hardware.prepare_environment("tensorflow")
 import keras, numpy as np
-from train import losses, models, schedules
+from train import losses, models, schedules, trainer
 model_name, batch, precision, repeats = {model!r}, {batch}, {precision!r}, {repeats}
 keras.mixed_precision.set_global_policy(precision)
 recipe = models.recipe(model_name)
 rng = np.random.default_rng(0)
 images = rng.integers(0, 256, (batch, 32, 32, 3), dtype=np.uint8)
 labels = rng.integers(0, 10, batch)
+if losses.one_hot(recipe):  # a recipe with label smoothing trains on one-hot labels, as in train.trainer
+    labels = np.eye(10, dtype="float32")[labels]
 keras.utils.set_random_seed(0)
 model = models.build_model(model_name, 10)
 models.prepare(model_name, model, images)
-model.compile(optimizer=schedules.optimizer(recipe, schedules.scaled_rate(recipe, batch), recipe.schedule, 1000),
-              loss=losses.for_recipe(recipe))
+trainer.compile_model(model, recipe, schedules.scaled_rate(recipe, batch), total_steps=1000)
 x = images.astype("float32")
 start = time.perf_counter(); model.train_on_batch(x, labels); first = time.perf_counter() - start
 for _ in range(2):
@@ -63,9 +64,12 @@ def run_variant(variant, model, batch, repeats):
     try:
         result = subprocess.run([sys.executable, "-c", CHILD.format(model=model, batch=batch, precision=precision,
                                                                     repeats=repeats)],
-                                cwd=record.ROOT, env=env, capture_output=True, text=True, check=True)
+                                cwd=record.ROOT, env=env, capture_output=True, text=True)
     finally:
         vmstat.stop()
+    if result.returncode:
+        lines = result.stderr.strip().splitlines() or [f"exit status {result.returncode}"]
+        raise SystemExit(f"step_time: the variant {variant!r} failed: {lines[-1]}")
     out = json.loads(result.stdout.strip().splitlines()[-1])
     out["vmstat"] = vmstat.summary(started, time.monotonic())
     return out
