@@ -368,3 +368,43 @@ def uploads(report):
     return table([f"sent as (the recipe, mean of {len(found)} seeds)", "test accuracy (1,000)", "photos AUROC",
                   "test images flagged", "photos flagged", "test images flagged, fitted with JPEG copies",
                   "photos flagged, fitted with JPEG copies"], rows)
+
+
+#: The energy's temperature, ``-T logsumexp(logits / T)``, per model: (label, records, view). The records are
+#: bench.research.ood_features's, the logits of the Keras model rebuilt from each run (export's graph gives
+#: the same to 1e-5). T 1 is served; T 2 the candidate that would have replaced it.
+TEMPERATURE_MODELS = (
+    ("`airbench_muon`, its recipe, AVX-512 BF16", "ood-scores-airbench_muon-b1000-e12-c10-epyc-s*", "six views"),
+    ("`airbench_muon`, 10 epochs clean, AVX-512 BF16 + AMX", "ood-scores-airbench_muon-h5000-png-s*", "six views"),
+    ("`airbench` (label smoothing 0.2), AVX-512 BF16", "ood-scores-airbench-h5000-png-s*", "six views"),
+    ("`seed_cnn` (label smoothing 0.1), AVX-512 BF16", "ood-scores-seed_cnn-h5000-png-s*", "one view"),
+)
+TEMPERATURES = (1, 2, 5, 10, 20)
+CANDIDATE_TEMPERATURE = 2
+
+
+@region("ood-temperature")
+def ood_temperature(report):
+    """Each model's energy at each temperature, against temperature 1 (the served one)."""
+    rows = []
+    for label, pattern, view in TEMPERATURE_MODELS:
+        named = report.matching(pattern)
+        views = [rec["views"][view]["scores"] for _, rec in named]
+        auroc = {t: {s: [v["energy" if t == 1 else f"energy, T {t:g}"][s]["auroc"] for v in views] for s in SETS}
+                 for t in TEMPERATURES}
+        mean = {t: {s: round(statistics.mean(a), 3) for s, a in per.items()} for t, per in auroc.items()}
+        for t, per in auroc.items():
+            below = sum(mean[t][s] < mean[1][s] for s in SETS)
+            rows.append([label if t == 1 else "", f"T {t:g}" + (" (served)" if t == 1 else ""),
+                         *(f"{statistics.mean(a):.3f}" + (f" ({min(a):.3f}-{max(a):.3f})" if len(a) > 1 else "")
+                           for a in per.values()), "" if t == 1 else below])
+        names = [n for n, _ in named]
+        t = CANDIDATE_TEMPERATURE
+        report.target(f"{label.split(',')[0]}: the energy at T {t}, sets below T 1 (means over seeds)",
+                      sum(mean[t][s] < mean[1][s] for s in SETS), 0, "{:d}", names, at_least=False)
+        if pattern.startswith("ood-scores-airbench_muon-b1000-e12"):
+            report.target(f"`airbench_muon`, its recipe on AVX-512 BF16: photos AUROC ≥ 0.95 at T {t} (mean over seeds)",
+                          mean[t]["photos"], 0.95, "{:.3f}", names)
+    seeds = max(len(report.matching(p)) for _, p, _ in TEMPERATURE_MODELS)
+    return table([f"energy at temperature T, AUROC, mean (range) over up to {seeds} seeds", "T", *SETS,
+                  "sets below T 1"], rows)
