@@ -19,6 +19,7 @@ say whether the machine was quiet. The step's arithmetic does not depend on the 
 import argparse
 import json
 import os
+import statistics
 import subprocess
 import sys
 import time
@@ -89,9 +90,20 @@ def main(argv=None):
     for _ in range(args.rounds):
         rounds.append({variant: run_variant(variant, args.model, args.batch, args.repeats) for variant in args.variant})
         print(json.dumps({v: round(r["median_s"], 3) for v, r in rounds[-1].items()}), flush=True)
+    medians = {v: [r[v]["median_s"] for r in rounds] for v in args.variant}
     record.write(args.json, {"model": args.model, "batch": args.batch, "repeats": args.repeats,
-                             "median_step_s": {v: [round(r[v]["median_s"], 3) for r in rounds] for v in args.variant},
-                             "rounds": rounds}, __spec__.name, argv)
+                             "median_step_s": {v: [round(m, 3) for m in ms] for v, ms in medians.items()},
+                             "rounds": rounds, "table": table(args.model, args.batch, medians)}, __spec__.name, argv)
+
+
+def table(model, batch, medians):
+    """The record's table: each variant's step, the median of its rounds' medians, against the first variant's."""
+    first = next(iter(medians.values()))
+    rows = [[f"`{variant}`", statistics.median(ms), min(ms), max(ms), statistics.median(ms) / statistics.median(first)]
+            for variant, ms in medians.items()]
+    return {"columns": [f"seconds a step, `{model}`, batch {batch:,}", f"median of {len(first)} rounds",
+                        "lowest round", "highest round", "against the first"],
+            "rows": rows, "formats": [None, "{:.3f}", "{:.3f}", "{:.3f}", "{:.2f}x"]}
 
 
 if __name__ == "__main__":

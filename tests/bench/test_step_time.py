@@ -21,6 +21,11 @@ def test_each_variant_is_timed_in_its_own_process_with_its_settings(tmp_path):
         assert len(run["times_s"]) == 2 and all(t > 0 for t in run["times_s"])
         assert min(run["times_s"]) <= run["median_s"] <= max(run["times_s"])
         assert run["first_step_s"] > 0  # the compiling step, timed apart
+    rows = {row[0]: row for row in rec["table"]["rows"]}
+    assert list(rows) == [f"`{v}`" for v in variants]
+    assert rows["`float32`"][4] == 1.0  # the first variant is what the others are against
+    for variant in variants:
+        assert rows[f"`{variant}`"][1] == round_[variant]["median_s"]  # one round: its median is the figure
 
 
 def test_a_variant_that_fails_ends_the_run_in_one_line():
