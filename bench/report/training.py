@@ -42,7 +42,7 @@ def runnable(shares, rec):
 #: airbench_muon's recipe (train/airbench.py) and the clean one before it (the runs that chose it, and the
 #: same recipe run again as the corruption runs' controls): their records' names, and the targets over runs.
 MUON_RECIPE = ("training-airbench_muon-b1000-e12-c10-s*",)
-#: The same recipe on another machine kind (AVX-512 BF16 without AMX): labelled as the recipe, not in its means.
+#: The same recipe on another machine kind (AVX-512 BF16 without AMX): labelled as the recipe, its means apart.
 MUON_RECIPE_ELSEWHERE = ("training-airbench_muon-epyc-b1000-e12-c10-s*",)
 MUON_CLEAN = ("training-airbench_muon-b1000-e10-s*", "training-airbench_muon-b1000-e10-control-s*")
 MUON_MEAN, MUON_EVERY = 0.93, 0.925
@@ -71,6 +71,7 @@ def training_recipes(report):
                      f"{rec['training_wall_time_s']:,.0f}", kind(rec), runnable(rec.get("vmstat"), rec),
                      report.read.index(name) + 1])
     for patterns, what in ((MUON_RECIPE, "its recipe (batch 1,000, 12 epochs, 10% corrupted)"),
+                           (MUON_RECIPE_ELSEWHERE, "its recipe on AVX-512 BF16 without AMX"),
                            (MUON_CLEAN, "the clean recipe before it (batch 1,000, 10 epochs)")):
         runs = recipe_runs(report, patterns)
         test = [rec["test_accuracy"] for _, rec in runs]
