@@ -3,10 +3,10 @@ TensorFlow loads (oneDNN's math mode, the allocator): each variant in a fresh pr
 
 Typical usage::
 
-    python -m bench.training.step_time --model airbench_muon --batch 1000 \\
-        --variant mixed_bfloat16 --variant "float32 ONEDNN_DEFAULT_FPMATH_MODE=BF16" \\
-        --variant "mixed_bfloat16 LD_PRELOAD=/lib/x86_64-linux-gnu/libtcmalloc_minimal.so.4" \\
-        --rounds 2 --json bench/records/training-step-airbench_muon-b1000.json
+    python -m bench.training.step_time --batch 1000 --variant mixed_bfloat16 \\
+        --variant "mixed_bfloat16 LD_PRELOAD=libtcmalloc_minimal.so.4" --variant float32 \\
+        --variant "float32 ONEDNN_DEFAULT_FPMATH_MODE=BF16" --rounds 3 \\
+        --json bench/records/training-step-airbench_muon-b1000-avx512-bf16.json
 
 A variant is a Keras precision policy, then any ``NAME=VALUE`` environment settings. Each round runs
 every variant once, in order, in its own process: the model built as the trainer builds it and compiled
