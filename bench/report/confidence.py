@@ -376,17 +376,13 @@ def uploads_pass_rates(report):
     named = report.matching("ood-uploads-pass-rates-airbench_muon-*")
     found = [rec for _, rec in named]
     fits = ["served", *(fit for fit in found[0]["thresholds"] if fit.startswith("pass "))]
-    rows, worst = [], 0.0
-    for form in found[0]["forms"]:
-        runs = [rec["forms"][form] for rec in found]
-        cells = []
-        for fit in fits:
-            test, photos = (statistics.mean(run[fit][figure] for run in runs) for figure in ("test_flagged", "photos_flagged"))
-            cells.append(f"{pct(test, 1)} / {pct(photos, 1)}")
-            worst = max(worst, test) if fit == "served" else worst
-        rows.append([form, *cells])
+    flagged = {(form, fit, figure): statistics.mean(rec["forms"][form][fit][figure] for rec in found)
+               for form in found[0]["forms"] for fit in fits for figure in ("test_flagged", "photos_flagged")}
+    rows = [[form, *(f"{pct(flagged[form, fit, 'test_flagged'], 1)} / {pct(flagged[form, fit, 'photos_flagged'], 1)}"
+                     for fit in fits)] for form in found[0]["forms"]]
     report.target("real images called foreign ≤ 2% at the served threshold, every upload form (mean over seeds)",
-                  worst, 0.02, "{:.1%}", [n for n, _ in named], at_least=False)
+                  max(flagged[form, "served", "test_flagged"] for form in found[0]["forms"]), 0.02, "{:.1%}",
+                  [n for n, _ in named], at_least=False)
     return table([f"sent as (the recipe, mean of {len(found)} seeds): test images / photos flagged",
                   f"{rules.PASS_RATE:.1%} of the held-out slice pass (served)",
                   *(f"{float(fit.split()[1]):.1%} pass" for fit in fits[1:])], rows)
@@ -408,25 +404,25 @@ CANDIDATE_TEMPERATURE = 2
 @region("ood-temperature")
 def ood_temperature(report):
     """Each model's energy at each temperature, against temperature 1 (the served one)."""
-    rows = []
+    rows, seeds = [], 0
     for label, pattern, view in TEMPERATURE_MODELS:
         named = report.matching(pattern)
+        seeds = max(seeds, len(named))
         views = [rec["views"][view]["scores"] for _, rec in named]
         auroc = {t: {s: [v["energy" if t == 1 else f"energy, T {t:g}"][s]["auroc"] for v in views] for s in SETS}
                  for t in TEMPERATURES}
         mean = {t: {s: round(statistics.mean(a), 3) for s, a in per.items()} for t, per in auroc.items()}
+        below = {t: sum(mean[t][s] < mean[1][s] for s in SETS) for t in TEMPERATURES}
         for t, per in auroc.items():
-            below = sum(mean[t][s] < mean[1][s] for s in SETS)
             rows.append([label if t == 1 else "", f"T {t:g}" + (" (served)" if t == 1 else ""),
                          *(f"{statistics.mean(a):.3f}" + (f" ({min(a):.3f}-{max(a):.3f})" if len(a) > 1 else "")
-                           for a in per.values()), "" if t == 1 else below])
+                           for a in per.values()), "" if t == 1 else below[t]])
         names = [n for n, _ in named]
         t = CANDIDATE_TEMPERATURE
         report.target(f"{label.split(',')[0]}: the energy at T {t}, sets below T 1 (means over seeds)",
-                      sum(mean[t][s] < mean[1][s] for s in SETS), 0, "{:d}", names, at_least=False)
+                      below[t], 0, "{:d}", names, at_least=False)
         if pattern.startswith("ood-scores-airbench_muon-b1000-e12"):
             report.target(f"`airbench_muon`, its recipe on AVX-512 BF16: photos AUROC ≥ 0.95 at T {t} (mean over seeds)",
                           mean[t]["photos"], 0.95, "{:.3f}", names)
-    seeds = max(len(report.matching(p)) for _, p, _ in TEMPERATURE_MODELS)
     return table([f"energy at temperature T, AUROC, mean (range) over up to {seeds} seeds", "T", *SETS,
                   "sets below T 1"], rows)
