@@ -7,18 +7,22 @@ from contract.recipe import Recipe
 from train import arrays, corruption, data
 
 
-def _tf_corrupt(images, fraction, noise, blur):
-    import tensorflow as tf
+def _pipelines(name):
+    """``train.corruption.NAME`` (tf.data) and its NumPy twin ``train.arrays.NAME``, each seeded alike, on NumPy arrays."""
+    def on_tf(*arrays_in, **options):
+        import tensorflow as tf
 
-    tf.random.set_seed(0)
-    return corruption.corrupt(tf.constant(images), fraction, noise, blur).numpy()
+        tf.random.set_seed(0)
+        out = getattr(corruption, name)(*map(tf.constant, arrays_in), **options)
+        return tuple(part.numpy() for part in out) if isinstance(out, tuple) else out.numpy()
+
+    def on_numpy(*arrays_in, **options):
+        return getattr(arrays, name)(*arrays_in, **options, rng=np.random.default_rng(0))
+
+    return {"tf.data": on_tf, "numpy": on_numpy}
 
 
-def _numpy_corrupt(images, fraction, noise, blur):
-    return arrays.corrupt(images, fraction, noise, blur, np.random.default_rng(0))
-
-
-PIPELINES = {"tf.data": _tf_corrupt, "numpy": _numpy_corrupt}
+PIPELINES = _pipelines("corrupt")
 
 
 @pytest.mark.parametrize("pipeline", PIPELINES)
@@ -83,18 +87,7 @@ def test_the_training_pipeline_corrupts_its_share_of_each_batch(pipeline):
     assert np.asarray(first).reshape(128, -1).std(axis=1).max() == 0, "no corruption unless the recipe asks"
 
 
-def _tf_jitter(images, brightness, contrast):
-    import tensorflow as tf
-
-    tf.random.set_seed(0)
-    return corruption.jitter(tf.constant(images), brightness, contrast).numpy()
-
-
-def _numpy_jitter(images, brightness, contrast):
-    return arrays.jitter(images, brightness, contrast, np.random.default_rng(0))
-
-
-JITTERS = {"tf.data": _tf_jitter, "numpy": _numpy_jitter}
+JITTERS = _pipelines("jitter")
 
 
 @pytest.mark.parametrize("pipeline", JITTERS)
@@ -136,19 +129,7 @@ def test_the_training_pipeline_jitters_every_image_when_the_recipe_asks(pipeline
     assert np.abs(moved).max() <= 0.05 * 255 * 1.2 + 1e-3 and (np.abs(moved) > 0.1).mean() > 0.9
 
 
-def _tf_expose(images, labels, fraction):
-    import tensorflow as tf
-
-    tf.random.set_seed(0)
-    out, labels = corruption.expose(tf.constant(images), tf.constant(labels), fraction)
-    return out.numpy(), labels.numpy()
-
-
-def _numpy_expose(images, labels, fraction):
-    return arrays.expose(images, labels, fraction, np.random.default_rng(0))
-
-
-EXPOSERS = {"tf.data": _tf_expose, "numpy": _numpy_expose}
+EXPOSERS = _pipelines("expose")
 
 
 @pytest.mark.parametrize("pipeline", EXPOSERS)
@@ -189,18 +170,7 @@ def test_the_training_pipeline_replaces_its_share_of_each_batch_by_outliers(pipe
     assert set(labels[labels != corruption.OUTLIER]) == set(range(10))
 
 
-def _tf_compress(images, fraction, lowest):
-    import tensorflow as tf
-
-    tf.random.set_seed(0)
-    return corruption.compress(tf.constant(images), fraction, lowest).numpy()
-
-
-def _numpy_compress(images, fraction, lowest):
-    return arrays.compress(images, fraction, lowest, np.random.default_rng(0))
-
-
-COMPRESSORS = {"tf.data": _tf_compress, "numpy": _numpy_compress}
+COMPRESSORS = _pipelines("compress")
 
 
 def _pillow_error(image, quality):
@@ -219,7 +189,7 @@ def test_a_compressed_image_is_its_jpeg_at_a_quality_between_the_lowest_and_95(p
     coarse = rng.integers(0, 256, (200, 8, 8, 3)).astype(np.float32)
     images = np.clip(np.repeat(np.repeat(coarse, 4, axis=1), 4, axis=2) + rng.normal(0, 8, (200, 32, 32, 3)), 0, 255).round()
     images = images.astype(np.float32)
-    out = COMPRESSORS[pipeline](images, fraction=0.5, lowest=30)
+    out = COMPRESSORS[pipeline](images, fraction=0.5, lowest_quality=30)
     assert out.dtype == np.float32 and out.shape == images.shape
     error = np.abs(out - images).reshape(len(images), -1).mean(axis=1)
     changed = error > 0
