@@ -88,14 +88,6 @@ class Recipe:
     corrupt_blur: float = hyperparameter(
         1.0, "with --corrupt-fraction: the largest sigma of the Gaussian blur; each blurred image draws its own "
              "uniformly from 0 up to it", unit="pixels", low=0.0, high=3.0, metavar="SIGMA")
-    jitter_brightness: float = hyperparameter(
-        0.0, "brightness jitter (hiverge/cifar10-speedrun's): every training image shifted by its own amount, "
-             "uniform within plus or minus this, before --corrupt-fraction; 0: none",
-        unit="fraction of the 0-255 range", low=0.0, high=0.5, metavar="SHIFT")
-    jitter_contrast: float = hyperparameter(
-        0.0, "contrast jitter: every training image's distance from its own mean scaled by its own factor, uniform "
-             "within 1 plus or minus this, with --jitter-brightness's shift; 0: none",
-        unit="fraction", low=0.0, high=0.9, metavar="CHANGE")
     jpeg_fraction: float = hyperparameter(
         0.0, "share of each training batch re-encoded as JPEG, each image at its own quality, uniform from "
              "--jpeg-quality to 95, after the corruption; 0: none", unit="fraction of the images, 0-1", low=0.0,
@@ -145,8 +137,6 @@ class Recipe:
         if self.augment:
             flip = "alternating flip" if self.alternate_flips else "flip"
             parts.append(f"crop(pad {self.crop_padding})+{flip}" if self.crop_padding else flip)
-        if self.jitter_brightness > 0 or self.jitter_contrast > 0:
-            parts.append(f"jitter(brightness ±{self.jitter_brightness:g}, contrast ±{self.jitter_contrast:g})")
         if self.corrupt_fraction > 0:
             parts.append(f"corrupt({self.corrupt_fraction:g} of each batch: noise std up to {self.corrupt_noise:g}, "
                          f"blur sigma up to {self.corrupt_blur:g} px)")

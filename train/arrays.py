@@ -72,18 +72,6 @@ def corrupt(images, fraction, noise, blur, rng, shard=(0, 1)):
     return np.clip(out, 0, 255, out=out)
 
 
-def jitter(images, brightness, contrast, rng, shard=(0, 1)):
-    """Brightness and contrast jitter on every image of a float32 batch, each on its own draw: the NumPy twin
-    of :func:`train.corruption.jitter`."""
-    n = len(images)
-    index, count = shard
-    draws = rng.uniform(-1.0, 1.0, (count * n, 2))[index * n:(index + 1) * n].astype(np.float32)
-    shift = draws[:, 0, None, None, None] * brightness * 255
-    factor = 1 + draws[:, 1, None, None, None] * contrast
-    mean = images.mean(axis=(1, 2, 3), keepdims=True)
-    return np.clip(mean + (images - mean + shift) * factor, 0, 255).astype(np.float32)
-
-
 def compress(images, fraction, lowest_quality, rng, shard=(0, 1)):
     """A random ``fraction`` of a float32 batch re-encoded as JPEG by Pillow: the NumPy twin of :func:`train.corruption.compress`."""
     n = len(images)
@@ -163,8 +151,6 @@ class TrainBatches(_Batches):
             flips = None if self.first_flips is None else self.first_flips[index] ^ (self.epoch % 2 == 1)
             images = augment(images, recipe.crop_padding, rng, flips, self.shard)
         images = images.astype(np.float32)
-        if recipe.jitter_brightness > 0 or recipe.jitter_contrast > 0:
-            images = jitter(images, recipe.jitter_brightness, recipe.jitter_contrast, rng, self.shard)
         if recipe.corrupt_fraction > 0:
             images = corrupt(images, recipe.corrupt_fraction, recipe.corrupt_noise, recipe.corrupt_blur, rng,
                              self.shard)

@@ -50,26 +50,6 @@ def corrupt(images, fraction, noise, blur, shard=(0, 1)):
     return tf.clip_by_value(out, 0.0, 255.0)
 
 
-def jitter(images, brightness, contrast, shard=(0, 1)):
-    """Brightness and contrast jitter on every image of a float32 batch (0-255), each on its own draw.
-
-    An image moves by a shift uniform within ± ``brightness`` x 255 and its distance from its own mean
-    (over pixels and channels) is scaled by a factor uniform within 1 ± ``contrast``:
-    ``mean + (image - mean + shift) * factor``, clipped to 0-255. hiverge/cifar10-speedrun's jitter,
-    which centres on the dataset's mean in normalised units; torchvision's ColorJitter centres the
-    contrast on each image's mean, as here. ``shard``: as :func:`corrupt`.
-    """
-    import tensorflow as tf
-
-    index, count = shard
-    local = images.shape[0]  # static: drop_remainder batches
-    draws = tf.random.uniform([count * local, 2], -1.0, 1.0)[index * local:(index + 1) * local]
-    shift = draws[:, 0, None, None, None] * brightness * 255.0
-    factor = 1.0 + draws[:, 1, None, None, None] * contrast
-    mean = tf.reduce_mean(images, axis=[1, 2, 3], keepdims=True)
-    return tf.clip_by_value(mean + (images - mean + shift) * factor, 0.0, 255.0)
-
-
 #: The highest JPEG quality :func:`compress` draws.
 BEST_QUALITY = 95
 

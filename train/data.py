@@ -23,7 +23,7 @@ from PIL import Image
 
 from contract import CHANNELS, CIFAR10_CLASSES, IMAGE_SIZE
 from contract.pixels import to_rgb32  # the server's rule too: one definition of "file -> model input"
-from train.corruption import compress, corrupt, expose, jitter
+from train.corruption import compress, corrupt, expose
 
 IMAGE_EXTENSIONS = (".png", ".jpg", ".jpeg", ".bmp", ".gif", ".webp", ".ppm", ".tif", ".tiff")
 SPLITS = ("train", "test")
@@ -286,7 +286,7 @@ def train_dataset(x, y, global_batch, recipe, seed=None, num_classes=None, shard
 
     ``recipe`` (a :class:`contract.recipe.Recipe`) says what the images go through, in this order:
     with ``augment``, a random crop after ``crop_padding`` pixels of reflection padding and a flip;
-    then :func:`jitter`'s brightness and contrast (``jitter_*``; 0: none); then :func:`corrupt`'s share, noise and blur (``corrupt_*``; a share of 0: none); then
+    then :func:`corrupt`'s share, noise and blur (``corrupt_*``; a share of 0: none); then
     :func:`compress`'s share and lowest quality (``jpeg_*``); then :func:`expose`'s share
     (``outlier_fraction``, integer labels only). Its other fields do not touch the input.
 
@@ -320,10 +320,6 @@ def train_dataset(x, y, global_batch, recipe, seed=None, num_classes=None, shard
             augment(images, recipe.crop_padding, *flips, shard=(index, count)), labels),
             num_parallel_calls=tf.data.AUTOTUNE)
     ds = ds.map(lambda images, labels: (tf.cast(images, tf.float32), _labels(tf, labels, num_classes)))
-    if recipe.jitter_brightness > 0 or recipe.jitter_contrast > 0:
-        ds = ds.map(lambda images, labels: (jitter(images, recipe.jitter_brightness, recipe.jitter_contrast,
-                                                   shard=(index, count)), labels),
-                    num_parallel_calls=tf.data.AUTOTUNE)
     if recipe.corrupt_fraction > 0:
         ds = ds.map(lambda images, labels: (corrupt(images, recipe.corrupt_fraction, recipe.corrupt_noise,
                                                     recipe.corrupt_blur, shard=(index, count)), labels),
