@@ -213,16 +213,18 @@ def calibration(report):
 
 #: The recipe against itself with outlier exposure (--outlier-fraction), JPEG training (--jpeg-fraction), noise
 #: alone (--corrupt-fraction 0.2 --corrupt-blur 0: the blurred half passes as it was), half its corrupted share
-#: (--corrupt-fraction 0.05) or a wider net: each run's training record (``training-TAG-sN``), its served energy on
-#: the PNG test images (``ood-verdicts-TAG-h5000-png-sN``) and on the JPEG mirror's (``ood-jpeg-TAG-sN``) and its
-#: robustness where measured. The recipe's own runs: the three of record (AVX-512 BF16 + AMX) and three on the
-#: machine the trials trained on (``epyc``).
+#: (--corrupt-fraction 0.05), brightness and contrast jitter (--jitter-brightness and --jitter-contrast of b50db6a)
+#: or a wider net: each run's training record (``training-TAG-sN``), its served energy on the PNG test images
+#: (``ood-verdicts-TAG-h5000-png-sN``) and on the JPEG mirror's (``ood-jpeg-TAG-sN``) and its robustness where
+#: measured. The recipe's own runs: the three of record (AVX-512 BF16 + AMX) and three on the machine the trials
+#: trained on (``epyc``).
 EXPOSURE = (("the recipe", "airbench_muon-b1000-e12-c10"), ("the recipe", "airbench_muon-epyc-b1000-e12-c10"),
             ("with 10% outliers (patches shuffled, weight 0.5)", "airbench_muon-b1000-e12-c10-oe10"),
             ("with 10% re-encoded as JPEG (quality 30-95)", "airbench_muon-b1000-e12-c10-j10"),
             ("with 5% corrupted and 5% re-encoded as JPEG", "airbench_muon-b1000-e12-c5-j5"),
             ("with the tenth corrupted by noise alone (no blur)", "airbench_muon-epyc-b1000-e12-n10"),
             ("with 5% corrupted (half the recipe's share)", "airbench_muon-epyc-b1000-e12-c5"),
+            ("with brightness and contrast jitter (± 0.035, ± 0.13)", "airbench_muon-epyc-b1000-e12-c10-jit"),
             ("at airbench's widths (64/256/256), 7 epochs", "airbench_muon_wide-e7"))
 #: The groups above that are trials, each against the recipe's runs on the machine they trained on: (tag, what).
 TRIALS = (("airbench_muon-b1000-e12-c10-oe10", "with outlier exposure"),
@@ -230,6 +232,7 @@ TRIALS = (("airbench_muon-b1000-e12-c10-oe10", "with outlier exposure"),
           ("airbench_muon-b1000-e12-c5-j5", "with 5% corrupted and 5% as JPEG"),
           ("airbench_muon-epyc-b1000-e12-n10", "with noise alone"),
           ("airbench_muon-epyc-b1000-e12-c5", "with 5% corrupted"),
+          ("airbench_muon-epyc-b1000-e12-c10-jit", "with brightness and contrast jitter"),
           ("airbench_muon_wide-e7", "at airbench's widths, 7 epochs"))
 
 
@@ -253,8 +256,8 @@ EXPOSURE_COLUMNS = {"heldout": pct, "test": lambda x: pct(x, 1), "photos": "{:.3
 
 @region("exposure")
 def exposure(report):
-    """The trials against the recipe (outlier exposure, JPEG training, noise alone, less corruption, a wider net), run
-    by run, with the means of each group of seeds."""
+    """The trials against the recipe (outlier exposure, JPEG training, noise alone, less corruption, jitter, a wider
+    net), run by run, with the means of each group of seeds."""
     groups = {tag: [_exposure_run(report, tag, train) for _, train in report.matching(f"training-{tag}-s*")]
               for _, tag in EXPOSURE}
     # The trials trained on AVX-512 BF16: each against the recipe's runs on that machine.

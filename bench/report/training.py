@@ -16,11 +16,13 @@ def gelu(report):
 
 
 def recipe_label(recipe, usual_rate):
-    """``batch 1,000, 10 epochs``, and what else the run changed: its rate against ``usual_rate``, its corruption,
-    JPEG and outliers."""
+    """``batch 1,000, 10 epochs``, and what else the run changed: its rate against ``usual_rate``, its jitter,
+    corruption, JPEG and outliers."""
     text = f"batch {recipe['batch_size']:,}, {recipe['epochs']} epochs"
     if recipe["learning_rate"] != usual_rate:
         text += f", rate × {recipe['learning_rate'] / usual_rate:g}"
+    if recipe.get("jitter_brightness") or recipe.get("jitter_contrast"):
+        text += f", brightness ± {recipe['jitter_brightness']:g} and contrast ± {recipe['jitter_contrast']:g} jittered"
     share, noise, blur = recipe.get("corrupt_fraction"), recipe.get("corrupt_noise"), recipe.get("corrupt_blur")
     if share and noise and blur:
         text += f", {share:.0%} of each batch corrupted (noise ≤ {noise:g}, blur ≤ {blur:g} px)"
@@ -61,7 +63,7 @@ def training_recipes(report):
     usual_rate = statistics.mode(rec["recipe"]["learning_rate"] for _, rec in runs)
     order = lambda run: (run[1]["recipe"]["epochs"], -run[1]["recipe"]["batch_size"],  # noqa: E731
                          run[1]["recipe"].get("corrupt_fraction") or 0, run[1]["recipe"].get("jpeg_fraction") or 0,
-                         run[1]["recipe"].get("outlier_fraction") or 0,
+                         run[1]["recipe"].get("outlier_fraction") or 0, run[1]["recipe"].get("jitter_brightness") or 0,
                          -run[1]["recipe"]["learning_rate"], run[1]["machine"]["kind"], run[1]["seed"])
     rows = []
     for name, rec in sorted(runs, key=order):
