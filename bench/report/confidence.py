@@ -217,7 +217,7 @@ def calibration(report):
 #: or a wider net: each run's training record (``training-TAG-sN``), its served energy on the PNG test images
 #: (``ood-verdicts-TAG-h5000-png-sN``) and on the JPEG mirror's (``ood-jpeg-TAG-sN``) and its robustness where
 #: measured. The recipe's own runs: the three of record (AVX-512 BF16 + AMX) and three on the machine the trials
-#: trained on (``epyc``).
+#: trained on (``epyc``); last, the recipe cut to the epochs the main job's budget trains on the AVX2 kind.
 EXPOSURE = (("the recipe", "airbench_muon-b1000-e12-c10"), ("the recipe", "airbench_muon-epyc-b1000-e12-c10"),
             ("with 10% outliers (patches shuffled, weight 0.5)", "airbench_muon-b1000-e12-c10-oe10"),
             ("with 10% re-encoded as JPEG (quality 30-95)", "airbench_muon-b1000-e12-c10-j10"),
@@ -225,7 +225,9 @@ EXPOSURE = (("the recipe", "airbench_muon-b1000-e12-c10"), ("the recipe", "airbe
             ("with the tenth corrupted by noise alone (no blur)", "airbench_muon-epyc-b1000-e12-n10"),
             ("with 5% corrupted (half the recipe's share)", "airbench_muon-epyc-b1000-e12-c5"),
             ("with brightness and contrast jitter (± 0.035, ± 0.13)", "airbench_muon-epyc-b1000-e12-c10-jit"),
-            ("at airbench's widths (64/256/256), 7 epochs", "airbench_muon_wide-e7"))
+            ("at airbench's widths (64/256/256), 7 epochs", "airbench_muon_wide-e7"),
+            ("cut to 6 epochs (the main job's budget on AVX2)", "airbench_muon-epyc-b1000-e6-c10"),
+            ("cut to 3 epochs (the budget on an AVX2 host half as fast)", "airbench_muon-epyc-b1000-e3-c10"))
 #: The groups above that are trials, each against the recipe's runs on the machine they trained on: (tag, what).
 TRIALS = (("airbench_muon-b1000-e12-c10-oe10", "with outlier exposure"),
           ("airbench_muon-b1000-e12-c10-j10", "with 10% as JPEG"),
