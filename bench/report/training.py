@@ -47,8 +47,10 @@ MUON_RECIPE = ("training-airbench_muon-b1000-e12-c10-s*",)
 #: The same recipe on another machine kind (AVX-512 BF16 without AMX): labelled as the recipe, its means apart.
 MUON_RECIPE_ELSEWHERE = ("training-airbench_muon-epyc-b1000-e12-c10-s*",)
 MUON_CLEAN = ("training-airbench_muon-b1000-e10-s*", "training-airbench_muon-b1000-e10-control-s*")
-#: The recipe cut to the epochs the main job's time budget trains on the AVX2 kind (3 to 6: docs, the main job).
-MUON_CUT = tuple((epochs, (f"training-airbench_muon-epyc-b1000-e{epochs}-c10-s*",)) for epochs in (6, 3))
+#: The recipe cut to the epochs the main job's time budget trains on the AVX2 kind (3 to 6: docs, the main job),
+#: as the mean rows' (patterns, what).
+MUON_CUT = tuple(((f"training-airbench_muon-epyc-b1000-e{epochs}-c10-s*",),
+                  f"its recipe cut to {epochs} epochs, as the main job's budget on AVX2") for epochs in (6, 3))
 MUON_MEAN, MUON_EVERY = 0.93, 0.925
 
 
@@ -76,8 +78,7 @@ def training_recipes(report):
                      report.read.index(name) + 1])
     for patterns, what in ((MUON_RECIPE, "its recipe (batch 1,000, 12 epochs, 10% corrupted)"),
                            (MUON_RECIPE_ELSEWHERE, "its recipe on AVX-512 BF16 without AMX"),
-                           (MUON_CLEAN, "the clean recipe before it (batch 1,000, 10 epochs)"),
-                           *((patterns, f"its recipe cut to {epochs} epochs, as the main job's budget on AVX2") for epochs, patterns in MUON_CUT)):
+                           (MUON_CLEAN, "the clean recipe before it (batch 1,000, 10 epochs)"), *MUON_CUT):
         runs = recipe_runs(report, patterns)
         test = [rec["test_accuracy"] for _, rec in runs]
         held = [rec["heldout_accuracy"] for _, rec in runs]
